@@ -1,0 +1,34 @@
+# Quick start:  make demo   (sets up, runs every algorithm on the built-in default scenario)
+#               make test   (sets up with all extras, runs ruff and the test suite)
+PYTHON ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+# torch first, pinned: this machine family has the CPU wheel on disk; a bare "torch" would pull CUDA.
+$(VENV)/.full: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,hf,ray]'
+	touch $(VENV)/.core $@
+
+demo: $(VENV)/.core
+	$(BIN)/slimcaching demo
+
+test: $(VENV)/.full
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.full
+	$(BIN)/python benchmarks/bench_evaluate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,58 @@
+"""Baselines of the paper: ``none``, ``lfu`` and ``random`` (SPEC section 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slimcaching.algorithms import register
+from slimcaching.placement import Placement
+from slimcaching.problem import Problem
+
+
+def fill_in_order(problem: Problem, server: int, order: np.ndarray, x: np.ndarray) -> None:
+    """Add items to ``server`` in ``order``, skipping each that no longer fits."""
+    free = problem.capacity[server] - float(x[server] @ problem.item_size)
+    sizes = problem.item_size
+    for i in order:
+        if not x[server, i] and sizes[i] <= free * (1 + 1e-12):
+            x[server, i] = True
+            free -= sizes[i]
+
+
+def request_scores(problem: Problem) -> np.ndarray:
+    """score[n, i] = sum over users homed at n of lambda_u w_{u,m} p_{u,m,l}(e) [e not local]."""
+    ni = problem.n_items
+    score = np.zeros((problem.n_servers, ni + 1))
+    rows, cols = np.nonzero(problem.row_items < ni)
+    np.add.at(score, (problem.row_home[rows], problem.row_items[rows, cols]), problem.row_weight[rows])
+    return score[:, :ni]
+
+
+@register("none", "no edge caching: local caches and the cloud only")
+def no_caching(problem: Problem) -> Placement:
+    """Reference: nothing cached at the edge. O(1)."""
+    return Placement(problem.empty_placement())
+
+
+@register("lfu", "each server caches the experts most requested of it by its home users")
+def lfu(problem: Problem) -> Placement:
+    """LFU baseline: server n ranks experts by the request rate of its home users that miss their
+    device cache (SPEC section 4) and fills its storage in that order, skipping experts that do
+    not fit. Experts never requested of n are not cached. O(N I log I)."""
+    x = problem.empty_placement()
+    score = request_scores(problem)
+    for n in range(problem.n_servers):
+        nz = np.nonzero(score[n] > 0)[0]
+        order = nz[np.lexsort((nz, -score[n, nz]))]
+        fill_in_order(problem, n, order, x)
+    return Placement(x)
+
+
+@register("random", "each server filled with uniformly random experts until nothing more fits")
+def random_placement(problem: Problem, random_state: int = 0) -> Placement:
+    """Random baseline: a seeded uniformly random order per server, filled while experts fit."""
+    rng = np.random.default_rng(random_state)
+    x = problem.empty_placement()
+    for n in range(problem.n_servers):
+        fill_in_order(problem, n, rng.permutation(problem.n_items), x)
+    return Placement(x)

@@ -1,0 +1,367 @@
+"""Command-line interface ``slimcaching`` (typer).
+
+Every user error ends in one line ``error: <field>: <message> (got <value>)`` on stderr and exit
+status 2; outputs are written atomically, so a failed command leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from slimcaching.errors import ScenarioError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="SlimCaching: edge caching of MoE experts for distributed inference.")
+scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
+app.add_typer(scenario_app, name="scenario")
+console = Console(stderr=True)
+out = Console()
+
+ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]
+
+
+def _load(scenario: str | None):
+    from slimcaching.scenario import load_scenario
+
+    if scenario in (None, "", "default"):
+        return load_scenario(None)
+    return load_scenario(scenario)
+
+
+def _parse_params(items: list[str] | None) -> dict:
+    params = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ScenarioError("--param", "expected NAME=VALUE", item)
+        k, v = item.split("=", 1)
+        params[k.strip().replace("-", "_")] = v.strip()
+    return params
+
+
+@app.command()
+def validate(scenario: ScenarioArg = "default") -> None:
+    """Check a scenario file and print a one-paragraph summary."""
+    sc = _load(scenario)
+    out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
+              f"{len(sc.users)} users, {len(sc.profiles)} profiles")
+
+
+@app.command()
+def export(scenario: ScenarioArg = "default",
+           output: Annotated[Path, typer.Option("-o", "--output", help="Canonical JSON file.")] = Path(
+               "canonical.json")) -> None:
+    """Write the fully resolved canonical scenario (slimcaching/scenario@1)."""
+    from slimcaching.scenario import atomic_write, canonical_json
+
+    sc = _load(scenario)
+    atomic_write(output, canonical_json(sc))
+    console.print(f"wrote {output}")
+
+
+@app.command("solve")
+def solve_cmd(
+    scenario: ScenarioArg = "default",
+    algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="Algorithm name.")] = "slimcaching",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds (exact).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="random_state of seeded algorithms.")] = None,
+    co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
+                                           "aware (beyond the paper) instead of the scenario's.")] = False,
+) -> None:
+    """Compute a placement with one algorithm and write it as JSON."""
+    from slimcaching.algorithms import get_algorithm, solve
+    from slimcaching.problem import build_problem
+
+    spec = get_algorithm(algorithm)
+    params = _parse_params(param)
+    if time_limit is not None:
+        params["time_limit"] = time_limit
+    if seed is not None:
+        params["random_state"] = seed
+    sc = _load(scenario)
+    if co_local:
+        from slimcaching.algorithms.co_local import co_activation_local_caches
+
+        sc = co_activation_local_caches(sc)
+    problem = build_problem(sc)
+    with console.status(f"solving with {spec.name} ..."):
+        placement = solve(problem, spec.name, params)
+    if co_local:
+        placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
+        placement.params["local_policy"] = "co-activation"
+    latency = problem.objective(placement.x)
+    text = json.dumps(placement.to_dict(problem, latency), indent=1) + "\n"
+    if output is None:
+        out.print_json(text)
+    else:
+        from slimcaching.scenario import atomic_write
+
+        atomic_write(output, text)
+        console.print(f"{spec.name}: mean token latency {latency * 1e3:.3f} ms, "
+                      f"solved in {placement.solve_seconds:.2f} s; wrote {output}")
+
+
+@app.command()
+def evaluate(
+    scenario: ScenarioArg,
+    placement: Annotated[Path, typer.Argument(help="Placement JSON file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    users: Annotated[bool, typer.Option("--users", help="Per-user table as well.")] = False,
+) -> None:
+    """Objective and breakdown of a placement."""
+    from slimcaching.evaluation import breakdown, problem_for
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+
+    sc = _load(scenario)
+    base = build_problem(sc)
+    pl = load_placement(placement, base)
+    problem = problem_for(sc, pl) if pl.local else base
+    result = breakdown(problem, pl.x)
+    result = {"algorithm": pl.algorithm, **result}
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms "
+              f"({pl.algorithm}); layer visits: {result['share_all_local']:.1%} all-local, "
+              f"{result['share_edge_only']:.1%} edge only, {result['share_needs_cloud']:.1%} need the cloud; "
+              f"access link {result['access_bytes_per_token'] / 1e3:.1f} kB/token")
+    t = Table("model", "latency ms", "all-local", "edge only", "cloud", "kB/token")
+    for name, d in result["per_model"].items():
+        t.add_row(name, f"{d['mean_token_latency_s'] * 1e3:.3f}", f"{d['share_all_local']:.1%}",
+                  f"{d['share_edge_only']:.1%}", f"{d['share_needs_cloud']:.1%}",
+                  f"{d['access_bytes_per_token'] / 1e3:.1f}")
+    out.print(t)
+    if users:
+        t = Table("user", "model", "home", "latency ms", "all-local", "edge only", "cloud", "kB/token")
+        for d in result["users"]:
+            t.add_row(d["user"], d["model"], d["home"], f"{d['mean_token_latency_s'] * 1e3:.3f}",
+                      f"{d['share_all_local']:.1%}", f"{d['share_edge_only']:.1%}",
+                      f"{d['share_needs_cloud']:.1%}", f"{d['access_bytes_per_token'] / 1e3:.1f}")
+        out.print(t)
+
+
+@app.command()
+def simulate(
+    scenario: ScenarioArg,
+    placement: Annotated[Path, typer.Argument(help="Placement JSON file.")],
+    tokens: Annotated[int, typer.Option("--tokens", "-n", min=1, help="Tokens to draw.")] = 10000,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Token-level Monte Carlo simulation of a placement."""
+    from slimcaching.evaluation import problem_for
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+    from slimcaching.simulate import simulate_tokens
+
+    sc = _load(scenario)
+    base = build_problem(sc)
+    pl = load_placement(placement, base)
+    problem = problem_for(sc, pl) if pl.local else base
+    res = simulate_tokens(problem, pl.x, tokens, seed=seed)
+    if as_json:
+        sys.stdout.write(json.dumps(res) + "\n")
+        return
+    out.print(f"{tokens} tokens: mean {res['mean_token_latency_s'] * 1e3:.3f} ms "
+              f"(analytic {res['analytic_mean_token_latency_s'] * 1e3:.3f} ms, "
+              f"std. error {res['standard_error_s'] * 1e3:.3f} ms); p50 {res['p50_s'] * 1e3:.3f} ms, "
+              f"p95 {res['p95_s'] * 1e3:.3f} ms, p99 {res['p99_s'] * 1e3:.3f} ms; layer visits "
+              f"{res['share_all_local']:.1%} local, {res['share_edge_only']:.1%} edge, "
+              f"{res['share_needs_cloud']:.1%} cloud")
+
+
+@app.command()
+def demo(
+    scenario: ScenarioArg = "default",
+    algorithms: Annotated[str, typer.Option(help="Comma-separated algorithm names, or 'all'.")] = "all",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 60.0,
+) -> None:
+    """Run every algorithm on a scenario and print a comparison table."""
+    from rich.progress import Progress
+
+    from slimcaching.algorithms import algorithm_names, solve
+    from slimcaching.problem import build_problem
+
+    names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
+    sc = _load(scenario)
+    problem = build_problem(sc)
+    out.print(f"scenario [bold]{sc.name}[/]: {len(sc.models)} models "
+              f"({', '.join(f'{m.name} K={m.top_k}' for m in sc.models)}), {len(sc.servers)} servers, "
+              f"{len(sc.users)} users ({len(problem.class_users)} classes), {problem.n_items} experts")
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("solving", total=len(names))
+        for name in names:
+            progress.update(task, description=f"solving: {name}")
+            params = {"time_limit": time_limit} if name == "exact" else {}
+            try:
+                pl = solve(problem, name, params)
+            except ScenarioError as exc:
+                rows.append((name, None, None, str(exc)))
+                progress.advance(task)
+                continue
+            lat = pl.info.get("mean_token_latency_s") or problem.objective(pl.x)
+            note = ""
+            if name == "exact":
+                note = f"{pl.info.get('status')}; bound {pl.info.get('bound_s', float('nan')) * 1e3:.3f} ms"
+            rows.append((name, lat, pl.solve_seconds, note))
+            progress.advance(task)
+    ref = next((r[1] for r in rows if r[0] == "none"), None)
+    if ref is None:
+        from slimcaching.algorithms import solve as _s
+
+        ref = problem.objective(_s(problem, "none").x)
+    t = Table("algorithm", "latency ms/token", "reduction vs none", "solve s", "note",
+              title="mean per-token latency (lower is better)")
+    for name, lat, secs, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0)):
+        if lat is None:
+            t.add_row(name, "-", "-", "-", note)
+        else:
+            t.add_row(name, f"{lat * 1e3:.3f}", f"{(ref - lat) / ref:.1%}", f"{secs:.2f}", note)
+    out.print(t)
+
+
+@scenario_app.command("new")
+def scenario_new(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Scenario file to write (.yaml/.json/.toml).")],
+    servers: Annotated[int, typer.Option(help="Edge servers.")] = 5,
+    users: Annotated[int, typer.Option(help="Users.")] = 50,
+    models: Annotated[str, typer.Option(help="Comma-separated presets.")] = ",".join(
+        ("switch-base-8", "moe-llava-stablelm", "llama-moe-3.5b-4-16")),
+    models_per_user: Annotated[int, typer.Option(help="Models each user requests.")] = 2,
+    capacity: Annotated[str, typer.Option(help="Edge storage per server.")] = "2.5 GB",
+    uplink: Annotated[str, typer.Option(help="User uplink.")] = "50 Mbit/s",
+    downlink: Annotated[str, typer.Option(help="User downlink.")] = "100 Mbit/s",
+    link_rate: Annotated[str, typer.Option(help="Server-server link rate.")] = "1 Gbit/s",
+    backhaul: Annotated[str, typer.Option(help="Edge-cloud rate.")] = "200 Mbit/s",
+    topology: Annotated[str, typer.Option(help="ring, line, star, full or none.")] = "ring",
+    local_cache: Annotated[str, typer.Option(help="Device expert cache size.")] = "0.5 GB",
+    top_k: Annotated[int | None, typer.Option(help="Override every model's top-K.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Generate a scenario file from options."""
+    import yaml
+
+    from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.scenario import atomic_write, resolve_scenario
+
+    opts = GeneratorOptions(servers=servers, users=users,
+                            models=tuple(m.strip() for m in models.split(",") if m.strip()),
+                            models_per_user=models_per_user, capacity=capacity, uplink=uplink,
+                            downlink=downlink, link_rate=link_rate, backhaul=backhaul, topology=topology,
+                            local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem)
+    data = generate_scenario_dict(opts)
+    resolve_scenario(data)  # validate before writing anything
+    suffix = output.suffix.lower()
+    if suffix == ".json":
+        text = json.dumps(data, indent=1) + "\n"
+    elif suffix in (".yaml", ".yml"):
+        text = yaml.safe_dump(data, sort_keys=False)
+    elif suffix == ".toml":
+        text = _to_toml(data)
+    else:
+        raise ScenarioError("--output", "scenario files end in .yaml, .yml, .json or .toml", str(output))
+    atomic_write(output, text)
+    console.print(f"wrote {output}")
+
+
+def _to_toml(data: dict) -> str:
+    """Minimal TOML writer for generated scenarios (tables, arrays of tables, scalars, lists)."""
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {scalar(x)}" for k, x in v.items()) + "}"
+        raise TypeError(type(v))
+
+    lines = []
+    for k, v in data.items():
+        if not isinstance(v, (dict, list)) or (isinstance(v, list) and v and not isinstance(v[0], dict)):
+            lines.append(f"{k} = {scalar(v)}")
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines.append(f"\n[{k}]")
+            for kk, vv in v.items():
+                lines.append(f"{json.dumps(kk)} = {scalar(vv)}")
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                lines.append(f"\n[[{k}]]")
+                for kk, vv in item.items():
+                    lines.append(f"{kk} = {scalar(vv)}")
+    return "\n".join(lines) + "\n"
+
+
+@app.command("algorithms")
+def list_algorithms() -> None:
+    """List the registered placement algorithms and their parameters."""
+    from slimcaching.algorithms import algorithm_names, get_algorithm
+
+    t = Table("name", "what", "parameters (defaults)")
+    for n in algorithm_names():
+        spec = get_algorithm(n)
+        t.add_row(n, spec.summary, ", ".join(f"{k}={v}" for k, v in spec.defaults.items()))
+    out.print(t)
+
+
+@app.command("presets")
+def list_presets() -> None:
+    """List model presets with their resolved numbers (bf16)."""
+    from slimcaching.presets import ARCHS, resolve_preset
+
+    t = Table("preset", "HF id", "MoE layers", "E", "K", "expert MB", "dense GB", "total params")
+    for name, arch in ARCHS.items():
+        r = resolve_preset(name)
+        t.add_row(name, arch.hf_id, str(r["layers"]), str(r["experts"]), str(r["top_k"]),
+                  f"{r['expert_bytes'] / 1e6:.1f}", f"{r['dense_bytes'] / 1e9:.2f}",
+                  f"{arch.total_params() / 1e9:.2f}B")
+    out.print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except ScenarioError as exc:
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        console.print("aborted")
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except OSError as exc:
+        console.print(f"[red]error:[/] {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return 2
+    return 0
+
+
+def entry() -> None:  # pragma: no cover
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The one exception type a user's mistake turns into.
+
+The CLI prints ``str(error)`` on one line and exits non-zero; library callers can catch it.
+"""
+
+from __future__ import annotations
+
+
+class ScenarioError(ValueError):
+    """Invalid input: the message names the field and the offending value."""
+
+    def __init__(self, field: str, message: str, value: object = None, *, show_value: bool = True):
+        self.field = field
+        self.value = value
+        text = f"{field}: {message}"
+        if show_value and value is not None:
+            shown = repr(value)
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            text += f" (got {shown})"
+        super().__init__(text)

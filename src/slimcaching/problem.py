@@ -1,0 +1,275 @@
+"""The resolved numerical problem: every quantity of SPEC section 3 as numpy arrays.
+
+A :class:`Problem` is built once from a :class:`~slimcaching.scenario.Scenario` (local caches
+resolved) and is what algorithms and the evaluator work on. Notation follows the SPEC:
+
+- items: every (model, layer, expert), global index ``i``; ``item_size[i] = s_m``;
+- ``holder_cost[h, n, m] = c_{h,n} + t_n`` (home h, server n, model m), ``inf`` if unreachable;
+- ``cloud_cost[h, m] = c_{h,cloud} + t_cloud``;
+- users with equal home, link and device parameters, workload and local cache form one *class*;
+- *rows*: one per (class, workload entry, layer, co-activation set). ``row_items`` holds the set's
+  experts that are *not* in the class's local cache (padded with the sentinel ``n_items``, whose
+  remote cost is -inf), ``row_access`` is a_u, ``row_local`` is t_u if some expert of the set is
+  local else 0, ``row_weight`` the row's share of the objective. Then
+
+      T_l(S) = max(row_local, row_access + max_{e in row_items} r_e)
+
+  which is SPEC's formula: with no remote expert the max over an empty set is -inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from slimcaching.scenario import Scenario
+
+INF = np.inf
+
+
+def exec_time(flops: float, nbytes: float, node_flops: float, mem_bandwidth: float | None) -> float:
+    """Roofline execution time max(flops / f, bytes / B); the second term only with B."""
+    t = flops / node_flops
+    if mem_bandwidth:
+        t = max(t, nbytes / mem_bandwidth)
+    return t
+
+
+def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """Return (c_edge [N, N, M], c_cloud [N, M]) of SPEC section 3 in seconds."""
+    n, m = len(sc.servers), len(sc.models)
+    idx = sc.server_index
+    c_edge = np.full((n, n, m), INF)
+    c_cloud = np.empty((n, m))
+    for mi, model in enumerate(sc.models):
+        bits = 8.0 * model.hidden_bytes
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        for ln in sc.server_links:
+            w = bits / ln.rate_bps + ln.rtt_s / 2.0
+            a, b = idx[ln.a], idx[ln.b]
+            if not g.has_edge(a, b) or g[a][b]["w"] > w:  # parallel links: the cheaper one
+                g.add_edge(a, b, w=w)
+        for src, dists in nx.all_pairs_dijkstra_path_length(g, weight="w"):
+            for dst, d in dists.items():
+                c_edge[src, dst, mi] = 2.0 * d
+            c_edge[src, src, mi] = 0.0
+        for si, s in enumerate(sc.servers):
+            c_cloud[si, mi] = 2.0 * bits / s.cloud_rate_bps + s.cloud_rtt_s
+    return c_edge, c_cloud
+
+
+@dataclass
+class Problem:
+    scenario: Scenario
+    model_names: list[str]
+    server_names: list[str]
+    item_model: np.ndarray
+    item_layer: np.ndarray
+    item_expert: np.ndarray
+    item_size: np.ndarray
+    model_offset: np.ndarray
+    capacity: np.ndarray
+    holder_cost: np.ndarray  # [N, N, M]
+    cloud_cost: np.ndarray  # [N, M]
+    server_exec: np.ndarray  # [N, M]
+    cloud_exec: np.ndarray  # [M]
+    # classes
+    class_home: np.ndarray
+    class_users: list[list[int]]
+    class_rate: np.ndarray
+    class_access: np.ndarray  # [C, M]
+    class_local_exec: np.ndarray  # [C, M]
+    class_dense: np.ndarray  # [C, M] dense exec time on the device
+    class_model_weight: np.ndarray  # [C, M] objective weight of (class, model)
+    class_local: np.ndarray  # [C, I] bool
+    # rows
+    row_items: np.ndarray  # [R, Kmax] int, sentinel n_items
+    row_class: np.ndarray
+    row_model: np.ndarray
+    row_layer: np.ndarray
+    row_home: np.ndarray
+    row_access: np.ndarray
+    row_local: np.ndarray
+    row_weight: np.ndarray  # share of the objective
+    row_prob: np.ndarray  # probability within (class, model): sum over a layer's rows is 1
+    row_entry: np.ndarray  # workload entry id (class, entry); see entry_* arrays
+    entry_class: np.ndarray
+    entry_model: np.ndarray
+    entry_weight: np.ndarray  # objective weight of the entry (lambda_u w / total)
+    dense_term: float  # sum of weighted dense execution times
+    total_rate: float
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_model)
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.server_names)
+
+    def item_index(self, model: str | int, layer: int, expert: int) -> int:
+        mi = self.model_names.index(model) if isinstance(model, str) else model
+        e = self.scenario.models[mi].experts
+        return int(self.model_offset[mi] + layer * e + expert)
+
+    def item_key(self, i: int) -> tuple[str, int, int]:
+        return (self.model_names[self.item_model[i]], int(self.item_layer[i]), int(self.item_expert[i]))
+
+    def empty_placement(self) -> np.ndarray:
+        return np.zeros((self.n_servers, self.n_items), dtype=bool)
+
+    # ---- evaluation -------------------------------------------------------------------------
+    def remote_cost(self, x: np.ndarray, return_source: bool = False):
+        """r[h, i] for every home h and item i (plus the -inf sentinel column).
+
+        With ``return_source`` also a bool array: True where the cloud is the best holder.
+        """
+        n, ni = self.n_servers, self.n_items
+        r = np.empty((n, ni + 1))
+        r[:, ni] = -INF
+        base = self.cloud_cost[:, self.item_model]  # [N, I]
+        held = x.any(axis=0)
+        cols = np.nonzero(held)[0]
+        r[:, :ni] = base
+        if len(cols):
+            xs = x[:, cols]  # [N, I']
+            mods = self.item_model[cols]
+            for h in range(n):
+                via = np.where(xs, self.holder_cost[h][:, mods], INF).min(axis=0)
+                r[h, cols] = np.minimum(base[h, cols], via)
+        if not return_source:
+            return r
+        src_cloud = np.zeros((n, ni + 1), dtype=bool)
+        src_cloud[:, :ni] = r[:, :ni] >= base
+        return r, src_cloud
+
+    def row_latency(self, x: np.ndarray) -> np.ndarray:
+        r = self.remote_cost(x)
+        worst = r[self.row_home[:, None], self.row_items].max(axis=1)
+        return np.maximum(self.row_local, self.row_access + worst)
+
+    def objective(self, x: np.ndarray) -> float:
+        """T-bar of SPEC section 3 (seconds per token) for edge placement ``x`` [N, I] bool."""
+        return float(self.row_weight @ self.row_latency(x) + self.dense_term)
+
+    def check_capacity(self, x: np.ndarray) -> np.ndarray:
+        """Bytes used per server (raises nothing; callers compare with ``capacity``)."""
+        return x.astype(float) @ self.item_size
+
+    def feasible(self, x: np.ndarray) -> bool:
+        return bool(np.all(self.check_capacity(x) <= self.capacity * (1 + 1e-9) + 1e-6))
+
+
+def build_problem(sc: Scenario) -> Problem:
+    """Resolve local caches, aggregate identical users, and lay the rows out as arrays."""
+    sc = sc.with_local_caches()
+    models = sc.models
+    mnames = [m.name for m in models]
+    midx = {n: i for i, n in enumerate(mnames)}
+    sizes = [m.layers * m.experts for m in models]
+    offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    ni = int(sum(sizes))
+    item_model = np.repeat(np.arange(len(models)), sizes)
+    item_layer = np.concatenate([np.repeat(np.arange(m.layers), m.experts) for m in models]).astype(np.int64)
+    item_expert = np.concatenate([np.tile(np.arange(m.experts), m.layers) for m in models]).astype(np.int64)
+    item_size = np.array([models[k].expert_bytes for k in item_model], float)
+
+    servers = sc.servers
+    n = len(servers)
+    sidx = sc.server_index
+    c_edge, c_cloud = relay_costs(sc)
+    server_exec = np.array([[exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
+                             for m in models] for s in servers]).reshape(n, len(models))
+    cloud_exec = np.array([exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
+                           for m in models])
+    holder_cost = c_edge + server_exec[None, :, :]
+    cloud_cost = c_cloud + cloud_exec[None, :]
+
+    # --- aggregate users into classes
+    keys: dict[tuple, int] = {}
+    class_users: list[list[int]] = []
+    for ui, u in enumerate(sc.users):
+        key = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth,
+               tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)))
+        if key not in keys:
+            keys[key] = len(class_users)
+            class_users.append([])
+        class_users[keys[key]].append(ui)
+    nc = len(class_users)
+    total_rate = float(sum(u.rate for u in sc.users))
+    class_home = np.empty(nc, np.int64)
+    class_rate = np.empty(nc)
+    class_access = np.empty((nc, len(models)))
+    class_local_exec = np.empty((nc, len(models)))
+    class_dense = np.empty((nc, len(models)))
+    class_model_weight = np.zeros((nc, len(models)))
+    class_local = np.zeros((nc, ni + 1), dtype=bool)
+    rows: dict[str, list] = {k: [] for k in ("items", "cls", "model", "layer", "access", "local", "w", "p",
+                                             "entry")}
+    entries: list[tuple[int, int, float]] = []
+    kmax = max(m.top_k for m in models)
+    for c, members in enumerate(class_users):
+        u = sc.users[members[0]]
+        class_home[c] = sidx[u.home]
+        lam = sum(sc.users[k].rate for k in members)
+        class_rate[c] = lam
+        for mi, m in enumerate(models):
+            bits = 8.0 * m.hidden_bytes
+            class_access[c, mi] = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+            class_local_exec[c, mi] = exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
+            class_dense[c, mi] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
+        for mn, layer, e in u.local_cache:
+            class_local[c, offset[midx[mn]] + layer * models[midx[mn]].experts + e] = True
+        model_w = {}
+        for w in u.workload:
+            model_w[w.model] = model_w.get(w.model, 0.0) + w.weight
+        for w in u.workload:
+            mi = midx[w.model]
+            m = models[mi]
+            class_model_weight[c, mi] += lam * w.weight / total_rate
+            if w.weight == 0:
+                continue
+            entry_id = len(entries)
+            entries.append((c, mi, lam * w.weight / total_rate))
+            prof = sc.profiles[w.profile]
+            for layer, lp in enumerate(prof.layers):
+                items = offset[mi] + layer * m.experts + lp.sets  # [n, K]
+                loc = class_local[c, items]
+                rem = np.where(loc, ni, items)
+                if m.top_k < kmax:
+                    rem = np.concatenate([rem, np.full((len(rem), kmax - m.top_k), ni)], axis=1)
+                rows["items"].append(rem)
+                cnt = len(items)
+                rows["cls"].append(np.full(cnt, c))
+                rows["model"].append(np.full(cnt, mi))
+                rows["layer"].append(np.full(cnt, layer))
+                rows["access"].append(np.full(cnt, class_access[c, mi]))
+                rows["local"].append(np.where(loc.any(axis=1), class_local_exec[c, mi], 0.0))
+                rows["w"].append(lam * w.weight / total_rate * lp.probs)
+                rows["p"].append(w.weight / model_w[w.model] * lp.probs)
+                rows["entry"].append(np.full(cnt, entry_id))
+    cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
+    row_items = cat["items"].astype(np.int64).reshape(-1, kmax)
+    row_class = cat["cls"].astype(np.int64)
+    dense_term = float((class_model_weight * class_dense).sum())
+    return Problem(
+        scenario=sc, model_names=mnames, server_names=[s.name for s in servers],
+        item_model=item_model, item_layer=item_layer, item_expert=item_expert, item_size=item_size,
+        model_offset=offset, capacity=np.array([s.capacity_bytes for s in servers], float),
+        holder_cost=holder_cost, cloud_cost=cloud_cost, server_exec=server_exec, cloud_exec=cloud_exec,
+        class_home=class_home, class_users=class_users, class_rate=class_rate, class_access=class_access,
+        class_local_exec=class_local_exec, class_dense=class_dense, class_model_weight=class_model_weight,
+        class_local=class_local[:, :ni],
+        row_items=row_items, row_class=row_class, row_model=cat["model"].astype(np.int64),
+        row_layer=cat["layer"].astype(np.int64), row_home=class_home[row_class],
+        row_access=cat["access"], row_local=cat["local"], row_weight=cat["w"], row_prob=cat["p"],
+        row_entry=cat["entry"].astype(np.int64),
+        entry_class=np.array([e[0] for e in entries], np.int64),
+        entry_model=np.array([e[1] for e in entries], np.int64),
+        entry_weight=np.array([e[2] for e in entries], float),
+        dense_term=dense_term, total_rate=total_rate,
+    )

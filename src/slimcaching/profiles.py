@@ -1,0 +1,255 @@
+"""Activation profiles: per-layer distributions over co-activation sets (SPEC section 2).
+
+A :class:`Profile` holds, for each MoE layer, an ``int`` array ``sets`` of shape (n, K) with
+sorted distinct expert indices per row and a ``float`` array ``probs`` of shape (n,) summing to 1.
+Profiles come from explicit data, JSON/NPZ files, raw routing traces, or the seeded synthetic
+router simulator :func:`synthetic_profile`.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from slimcaching.errors import ScenarioError
+
+PROB_TOLERANCE = 1e-6
+
+
+@dataclass
+class LayerProfile:
+    sets: np.ndarray  # (n, K) int64, rows sorted ascending, distinct rows
+    probs: np.ndarray  # (n,) float64
+
+    def marginals(self, experts: int) -> np.ndarray:
+        out = np.zeros(experts)
+        np.add.at(out, self.sets.ravel(), np.repeat(self.probs, self.sets.shape[1]))
+        return out
+
+
+@dataclass
+class Profile:
+    model: str
+    layers: list[LayerProfile]
+    meta: dict = field(default_factory=dict)
+
+    def validate(self, layers: int, experts: int, top_k: int, where: str = "profile") -> None:
+        """Check sizes, ranges, distinctness and normalisation; raise ScenarioError naming the spot."""
+        if len(self.layers) != layers:
+            raise ScenarioError(
+                f"{where}.layers", f"has {len(self.layers)} layers, model {self.model!r} has {layers}"
+            )
+        for li, lp in enumerate(self.layers):
+            f = f"{where}.layers[{li}]"
+            if lp.sets.ndim != 2 or lp.sets.shape[1] != top_k:
+                raise ScenarioError(f"{f}.sets", f"every set must have top_k={top_k} experts",
+                                    lp.sets.tolist()[:3])
+            if lp.sets.shape[0] != lp.probs.shape[0] or lp.sets.shape[0] == 0:
+                raise ScenarioError(f"{f}.probs",
+                                    f"need one probability per set ({lp.sets.shape[0]} sets)",
+                                    lp.probs.tolist()[:5])
+            if lp.sets.size and (lp.sets.min() < 0 or lp.sets.max() >= experts):
+                bad = lp.sets[(lp.sets < 0) | (lp.sets >= experts)][0]
+                raise ScenarioError(f"{f}.sets", f"expert index out of range 0..{experts - 1}",
+                                    int(bad))
+            if top_k > 1 and np.any(np.diff(lp.sets, axis=1) <= 0):
+                row = lp.sets[np.any(np.diff(lp.sets, axis=1) <= 0, axis=1)][0]
+                raise ScenarioError(f"{f}.sets", "a set must hold distinct experts sorted ascending",
+                                    row.tolist())
+            if len(np.unique(lp.sets, axis=0)) != len(lp.sets):
+                raise ScenarioError(f"{f}.sets", "a set is listed twice")
+            if np.any(~np.isfinite(lp.probs)) or np.any(lp.probs < 0):
+                raise ScenarioError(f"{f}.probs", "probabilities must be finite and >= 0",
+                                    lp.probs.tolist()[:5])
+            total = float(lp.probs.sum())
+            if abs(total - 1.0) > PROB_TOLERANCE:
+                raise ScenarioError(f"{f}.probs", f"probabilities sum to {total!r}, not 1")
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "layers": [
+                {"sets": lp.sets.tolist(), "probs": [float(p) for p in lp.probs]} for lp in self.layers
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "profile") -> Profile:
+        if not isinstance(data, dict):
+            raise ScenarioError(where, "expected a mapping with 'model' and 'layers'", data)
+        if "model" not in data or "layers" not in data:
+            raise ScenarioError(where, "needs keys 'model' and 'layers'", sorted(data))
+        layers = []
+        if not isinstance(data["layers"], list):
+            raise ScenarioError(f"{where}.layers", "expected a list", data["layers"])
+        for li, layer in enumerate(data["layers"]):
+            f = f"{where}.layers[{li}]"
+            if not isinstance(layer, dict) or "sets" not in layer or "probs" not in layer:
+                raise ScenarioError(f, "needs keys 'sets' and 'probs'")
+            try:
+                sets = np.asarray(layer["sets"], dtype=np.int64)
+                probs = np.asarray(layer["probs"], dtype=np.float64)
+            except (ValueError, TypeError) as exc:
+                raise ScenarioError(f, f"sets must be lists of integers, probs numbers ({exc})") from None
+            if sets.ndim == 1 and sets.size and probs.size == sets.size:
+                sets = sets[:, None]
+            if sets.size == 0:
+                sets = sets.reshape(0, 1)
+            layers.append(LayerProfile(sets, probs))
+        meta = {k: v for k, v in data.items() if k not in ("model", "layers")}
+        return cls(str(data["model"]), layers, meta)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.suffix == ".json":
+            out = self.to_dict()
+            out.update({k: v for k, v in self.meta.items() if k not in out})
+            _atomic_write_text(path, json.dumps(out, indent=1) + "\n")
+        elif path.suffix == ".npz":
+            counts = np.array([len(lp.probs) for lp in self.layers], dtype=np.int64)
+            k = self.layers[0].sets.shape[1] if self.layers else 1
+            tmp = path.with_name(path.name + ".tmp.npz")
+            np.savez_compressed(
+                tmp,
+                model=np.array(self.model),
+                counts=counts,
+                sets=np.concatenate([lp.sets for lp in self.layers]).reshape(-1, k).astype(np.int32),
+                probs=np.concatenate([lp.probs for lp in self.layers]),
+                meta=np.array(json.dumps(self.meta)),
+            )
+            tmp.replace(path)
+        else:
+            raise ScenarioError("output", "profile files end in .json or .npz", str(path))
+
+    @classmethod
+    def load(cls, path: str | Path, where: str = "profile") -> Profile:
+        path = Path(path)
+        if not path.is_file():
+            raise ScenarioError(where, "profile file not found", str(path))
+        if path.suffix == ".json":
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ScenarioError(where, f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+            return cls.from_dict(data, where)
+        if path.suffix == ".npz":
+            try:
+                z = np.load(path, allow_pickle=False)
+                counts = z["counts"]
+                sets = z["sets"].astype(np.int64)
+                probs = z["probs"]
+                model = str(z["model"])
+                meta = json.loads(str(z["meta"])) if "meta" in z else {}
+            except Exception as exc:  # noqa: BLE001 - any unreadable npz is the same user error
+                raise ScenarioError(where, f"{path} is not a slimcaching profile npz ({exc})") from None
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            layers = [LayerProfile(sets[a:b], probs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+            return cls(model, layers, meta)
+        raise ScenarioError(where, "profile files end in .json or .npz", str(path))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def profile_from_trace(trace: np.ndarray, model: str, meta: dict | None = None) -> Profile:
+    """Count a routing trace of shape (tokens, layers, K) into a profile.
+
+    Each row's expert ids are sorted; a row of K distinct experts is one co-activation set.
+    """
+    trace = np.asarray(trace)
+    if trace.ndim != 3 or trace.shape[0] == 0:
+        raise ScenarioError("trace", "expected a (tokens, layers, K) array with at least one token",
+                            getattr(trace, "shape", None))
+    tokens = trace.shape[0]
+    layers = []
+    for li in range(trace.shape[1]):
+        rows = np.sort(trace[:, li, :], axis=1)
+        uniq, counts = np.unique(rows, axis=0, return_counts=True)
+        layers.append(LayerProfile(uniq.astype(np.int64), counts / tokens))
+    m = {"tokens": int(tokens)}
+    m.update(meta or {})
+    return Profile(model, layers, m)
+
+
+def stable_hash(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+@dataclass(frozen=True)
+class RouterSimulator:
+    """Seeded simulated router: logits = task bias + low-rank token factor + noise; take top-K.
+
+    ``skew`` scales the per-layer bias (larger: more concentrated experts), ``shared`` is the
+    share of bias variance common to all tasks (0: tasks unrelated, 1: identical), ``coupling``
+    scales a rank-``rank`` token factor that makes some experts fire together (co-activation),
+    ``noise`` the per-token independent noise.
+    """
+
+    experts: int
+    top_k: int
+    layers: int
+    skew: float = 1.5
+    shared: float = 0.3
+    coupling: float = 1.0
+    rank: int = 2
+    noise: float = 0.7
+    seed: int = 0
+    model_key: str = "model"
+
+    def logits(self, task: str, tokens: int, token_seed: int | None = None) -> np.ndarray:
+        """Return router logits of shape (tokens, layers, experts)."""
+        mk, tk = stable_hash(self.model_key), stable_hash(task)
+        rng_tok = np.random.default_rng([self.seed, mk, tk, 7 if token_seed is None else token_seed + 11])
+        out = np.empty((tokens, self.layers, self.experts))
+        for layer in range(self.layers):
+            rng_m = np.random.default_rng([self.seed, mk, layer])
+            base = rng_m.standard_normal(self.experts)
+            emb = rng_m.standard_normal((self.experts, self.rank)) / np.sqrt(self.rank)
+            rng_t = np.random.default_rng([self.seed, mk, tk, layer])
+            task_bias = rng_t.standard_normal(self.experts)
+            task_mean = rng_t.standard_normal(self.rank)
+            bias = self.skew * (np.sqrt(self.shared) * base + np.sqrt(1 - self.shared) * task_bias)
+            h = task_mean + rng_tok.standard_normal((tokens, self.rank))
+            eps = rng_tok.standard_normal((tokens, self.experts))
+            out[:, layer, :] = bias + self.coupling * h @ emb.T + self.noise * eps
+        return out
+
+    def trace(self, task: str, tokens: int, token_seed: int | None = None) -> np.ndarray:
+        logits = self.logits(task, tokens, token_seed)
+        top = np.argpartition(-logits, self.top_k - 1, axis=2)[:, :, : self.top_k]
+        return np.sort(top, axis=2)
+
+
+def synthetic_profile(model: str, experts: int, top_k: int, layers: int, task: str,
+                      tokens: int = 2000, seed: int = 0, **params) -> Profile:
+    """Profile measured on ``tokens`` simulated tokens of ``task`` (see :class:`RouterSimulator`)."""
+    if tokens < 1:
+        raise ScenarioError("synthetic.tokens", "must be >= 1", tokens)
+    if top_k > experts:
+        raise ScenarioError("synthetic", f"top_k={top_k} exceeds experts={experts}")
+    sim = RouterSimulator(experts, top_k, layers, seed=seed, model_key=model, **params)
+    meta = {"synthetic": {"task": task, "seed": seed, **params}}
+    return profile_from_trace(sim.trace(task, tokens), model, meta)
+
+
+def mix_profiles(profiles: list[Profile], weights: list[float], model: str) -> Profile:
+    """Mixture of profiles of one model: p(S) = sum_i w_i p_i(S)."""
+    w = np.asarray(weights, float)
+    w = w / w.sum()
+    layers = []
+    for li in range(len(profiles[0].layers)):
+        sets = np.concatenate([p.layers[li].sets for p in profiles])
+        probs = np.concatenate([wi * p.layers[li].probs for wi, p in zip(w, profiles)])
+        uniq, inv = np.unique(sets, axis=0, return_inverse=True)
+        acc = np.zeros(len(uniq))
+        np.add.at(acc, inv.ravel(), probs)
+        layers.append(LayerProfile(uniq, acc))
+    return Profile(model, layers, {})

@@ -1,0 +1,103 @@
+"""Unit strings ("2.5 GB", "100 Mbit/s", "5 ms", "20 TFLOPS") to SI floats.
+
+We parse a small, closed vocabulary ourselves: general unit libraries (pint) do not know
+FLOPS or "Mbps" without custom definitions, and a closed table makes every accepted spelling
+explicit and testable. Decimal prefixes are powers of 1000, binary ones (KiB, MiB, ...) of 1024.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from slimcaching.errors import ScenarioError
+
+_DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+
+def _table() -> dict[str, dict[str, float]]:
+    bytes_: dict[str, float] = {"byte": 1.0, "bytes": 1.0}
+    bits_s: dict[str, float] = {}
+    seconds = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0}
+    flop: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    bytes_s: dict[str, float] = {}
+    for p, f in _DEC.items():
+        bytes_[f"{p}B"] = f
+        bits_s[f"{p}bit/s"] = f
+        bits_s[f"{p}bps"] = f
+        bits_s[f"{p}b/s"] = f
+        bits_s[f"{p}B/s"] = 8 * f
+        flop[f"{p}FLOP"] = f
+        flop[f"{p}FLOPs"] = f
+        flops[f"{p}FLOPS"] = f
+        flops[f"{p}FLOP/s"] = f
+        bytes_s[f"{p}B/s"] = f
+    for p, f in _BIN.items():
+        bytes_[f"{p}B"] = f
+        bits_s[f"{p}B/s"] = 8 * f
+        bytes_s[f"{p}B/s"] = f
+    return {
+        "bytes": bytes_,
+        "bits_per_s": bits_s,
+        "seconds": seconds,
+        "flop": flop,
+        "flops_per_s": flops,
+        "bytes_per_s": bytes_s,
+        "per_s": {"/s": 1.0, "tokens/s": 1.0, "tok/s": 1.0, "Hz": 1.0},
+    }
+
+
+UNITS = _table()
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
+
+
+def parse_quantity(value: object, kind: str, field: str = "value") -> float:
+    """Return ``value`` in SI units of ``kind`` as a float.
+
+    Plain numbers are taken as SI already. Strings are ``<number> <unit>`` with a unit from
+    :data:`UNITS` for that kind (case-sensitive for prefixes: ``MB`` is 1e6 bytes, ``Mbit/s`` 1e6
+    bits/s, ``MB/s`` as a bit rate is 8e6 bits/s).
+    """
+    if isinstance(value, bool):
+        raise ScenarioError(field, "expected a number or a unit string", value)
+    if isinstance(value, (int, float)):
+        out = float(value)
+    elif isinstance(value, str):
+        m = _NUMBER_UNIT.match(value)
+        if not m:
+            raise ScenarioError(field, f"cannot read {value!r} as a quantity", show_value=False)
+        number, unit = m.group(1), (m.group(2) or "").strip()
+        table = UNITS[kind]
+        if unit and unit not in table:
+            # be lenient about case only where it cannot be ambiguous (e.g. "ms" vs "Ms")
+            lowered = {k.lower(): v for k, v in table.items()}
+            if kind in ("seconds", "per_s") and unit.lower() in lowered:
+                factor = lowered[unit.lower()]
+            else:
+                known = ", ".join(sorted(table)[:12])
+                raise ScenarioError(
+                    field, f"unknown unit {unit!r} for {kind.replace('_', ' ')} (e.g. {known})", value
+                )
+        else:
+            factor = table[unit] if unit else 1.0
+        out = float(number) * factor
+    else:
+        raise ScenarioError(field, "expected a number or a unit string", value)
+    if not math.isfinite(out):
+        raise ScenarioError(field, "must be finite", value)
+    return out
+
+
+def format_bytes(n: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_seconds(t: float) -> str:
+    if abs(t) >= 1:
+        return f"{t:.3f} s"
+    return f"{t * 1e3:.3f} ms"

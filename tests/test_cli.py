@@ -1,0 +1,92 @@
+"""The command line: happy paths and one-line errors with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import tiny_scenario_dict
+from slimcaching.cli import main
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    p = tmp_path / "tiny.json"
+    p.write_text(json.dumps(tiny_scenario_dict(seed=4)))
+    return p
+
+
+def test_export_solve_evaluate(tmp_path, tiny, capsys):
+    canon = tmp_path / "c.json"
+    assert main(["export", str(tiny), "-o", str(canon)]) == 0
+    assert main(["export", str(canon), "-o", str(tmp_path / "c2.json")]) == 0
+    assert canon.read_bytes() == (tmp_path / "c2.json").read_bytes()
+    pl = tmp_path / "p.json"
+    assert main(["solve", str(canon), "--algorithm", "lfu", "-o", str(pl)]) == 0
+    data = json.loads(pl.read_text())
+    assert data["format"] == "slimcaching/placement@1" and data["algorithm"] == "lfu"
+    assert set(data["edge"]) == {"s0", "s1", "s2"}
+    capsys.readouterr()
+    assert main(["evaluate", str(canon), str(pl), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["mean_token_latency_s"] == pytest.approx(data["mean_token_latency_s"], rel=1e-12)
+    assert {"share_all_local", "share_edge_only", "share_needs_cloud", "access_bytes_per_token",
+            "users"} <= set(ev)
+    for u in ev["users"]:
+        total = u["share_all_local"] + u["share_edge_only"] + u["share_needs_cloud"]
+        assert total == pytest.approx(1.0)
+    assert main(["simulate", str(canon), str(pl), "--tokens", "2000", "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert {"mean_token_latency_s", "p50_s", "p95_s", "p99_s"} <= set(sim)
+
+
+def test_scenario_new_then_export(tmp_path):
+    for suffix in (".yaml", ".json", ".toml"):
+        s = tmp_path / f"gen{suffix}"
+        assert main(["scenario", "new", "-o", str(s), "--servers", "3", "--users", "12", "--seed", "3"]) == 0
+        c = tmp_path / f"gen{suffix}.canon.json"
+        assert main(["export", str(s), "-o", str(c)]) == 0
+        data = json.loads(c.read_text())
+        assert len(data["servers"]) == 3 and len(data["users"]) == 12
+
+
+def test_placement_without_local_uses_scenario_caches(tmp_path, tiny, capsys):
+    pl = tmp_path / "p.json"
+    assert main(["solve", str(tiny), "-a", "none", "-o", str(pl)]) == 0
+    data = json.loads(pl.read_text())
+    assert "local" not in data
+    capsys.readouterr()
+    assert main(["evaluate", str(tiny), str(pl), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mean_token_latency_s"] == pytest.approx(
+        data["mean_token_latency_s"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["validate", "missing.yaml"], "scenario: file not found"),
+    (["solve", "default", "-a", "magic"], "algorithm: unknown algorithm"),
+    (["solve", "default", "-a", "lfu", "-p", "x=1"], "param x"),
+    (["scenario", "new", "-o", "x.yaml", "--servers", "0"], "servers: must be >= 1"),
+    (["scenario", "new", "-o", "x.yaml", "--capacity", "lots"], "capacity_bytes"),
+    (["scenario", "new", "-o", "x.txt"], "--output"),
+])
+def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 0 or len(err) > 75  # rich may wrap one long line
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_bad_placement_file(tmp_path, tiny, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"format": "slimcaching/placement@1", "edge": {"s0": [["m0", 0, 99]]}}))
+    assert main(["evaluate", str(tiny), str(bad)]) == 2
+    assert "placement.edge.s0[0]" in capsys.readouterr().err
+    over = tmp_path / "o.json"
+    over.write_text(json.dumps({"format": "slimcaching/placement@1",
+                                "edge": {"s0": [["m0", 0, e] for e in range(4)]}}))
+    assert main(["evaluate", str(tiny), str(over)]) == 2
+    assert "capacity" in capsys.readouterr().err

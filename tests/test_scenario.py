@@ -1,0 +1,262 @@
+"""Scenario reading, units, presets, profiles, local caches and canonical round trips."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from helpers import tiny_scenario_dict
+from slimcaching.errors import ScenarioError
+from slimcaching.local_cache import lfu_local_cache
+from slimcaching.presets import ARCHS, resolve_preset
+from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace, synthetic_profile
+from slimcaching.scenario import canonical_json, load_scenario, resolve_scenario
+from slimcaching.units import parse_quantity
+
+# ---- units
+
+
+@pytest.mark.parametrize("text,kind,value", [
+    ("2.5 GB", "bytes", 2.5e9), ("2.5GiB", "bytes", 2.5 * 2**30), ("512 MiB", "bytes", 512 * 2**20),
+    ("100 Mbit/s", "bits_per_s", 1e8), ("100Mbps", "bits_per_s", 1e8), ("1 Gbps", "bits_per_s", 1e9),
+    ("10 MB/s", "bits_per_s", 8e7), ("5 ms", "seconds", 5e-3), ("20 us", "seconds", 2e-5),
+    ("20 TFLOPS", "flops_per_s", 2e13), ("3 GFLOP", "flop", 3e9), ("400 GB/s", "bytes_per_s", 4e11),
+    (1234, "bytes", 1234.0), ("1e3 kB", "bytes", 1e6), (".5 s", "seconds", 0.5),
+])
+def test_units(text, kind, value):
+    assert parse_quantity(text, kind) == pytest.approx(value, rel=1e-15)
+
+
+@pytest.mark.parametrize("text,kind", [("5 parsecs", "seconds"), ("fast", "bits_per_s"),
+                                       ("2.5 GB", "seconds"), ("nan", "bytes"), (True, "bytes")])
+def test_unit_errors(text, kind):
+    with pytest.raises(ScenarioError):
+        parse_quantity(text, kind)
+
+
+# ---- presets
+
+
+@pytest.mark.parametrize("name,billions", [
+    ("switch-base-8", 0.619), ("switch-base-128", 7.4), ("mixtral-8x7b", 46.7), ("olmoe-1b-7b", 6.9),
+    ("qwen3-30b-a3b", 30.5), ("deepseek-v2-lite", 15.7), ("qwen1.5-moe-a2.7b", 14.3),
+    ("llama-moe-3.5b-4-16", 6.7), ("llama-moe-3.5b-2-8", 6.7),
+])
+def test_preset_totals_match_published_sizes(name, billions):
+    assert ARCHS[name].total_params() / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_llama_moe_activated_params():
+    a = ARCHS["llama-moe-3.5b-4-16"]
+    active = a.dense_params() + a.moe_layers * a.top_k * a.expert_params
+    assert active / 1e9 == pytest.approx(3.5, rel=0.03)
+
+
+def test_precision_scales_bytes():
+    b = resolve_preset("mixtral-8x7b", "bf16")
+    q = resolve_preset("mixtral-8x7b", "int4")
+    assert q["expert_bytes"] * 4 == b["expert_bytes"]
+    assert q["expert_flops"] == b["expert_flops"]
+    assert b["expert_bytes"] == 3 * 4096 * 14336 * 2
+
+
+# ---- scenario files
+
+
+def test_default_scenario_shape():
+    sc = load_scenario(None)
+    assert len(sc.servers) == 5 and len(sc.users) == 50
+    assert all(s.capacity_bytes == 2.5e9 for s in sc.servers)
+    assert {m.top_k for m in sc.models} == {1, 2, 4}
+    assert {p.split("/")[0] for p in sc.profiles} == {"sqa", "vqa"}
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml", ".toml"])
+def test_canonical_round_trip_byte_for_byte(tmp_path, suffix):
+    d = tiny_scenario_dict(seed=5)
+    path = tmp_path / f"s{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(d))
+    elif suffix == ".yaml":
+        path.write_text(yaml.safe_dump(d))
+    else:
+        from slimcaching.cli import _to_toml
+
+        path.write_text(_to_toml(d))
+    first = canonical_json(load_scenario(path))
+    (tmp_path / "c.json").write_text(first)
+    second = canonical_json(load_scenario(tmp_path / "c.json"))
+    assert first == second
+    data = json.loads(first)
+    assert data["format"] == "slimcaching/scenario@1"
+    assert all("local_cache" in u for u in data["users"])
+    assert all(isinstance(p["layers"][0]["sets"][0], list) for p in data["profiles"].values())
+
+
+def test_default_canonical_round_trip():
+    first = canonical_json(load_scenario(None))
+    again = canonical_json(resolve_scenario(json.loads(first)))
+    assert first == again
+
+
+def test_units_and_presets_in_scenario(tmp_path):
+    text = """
+models:
+  - {name: sw, preset: switch-base-8, precision: fp16}
+cloud: {flops: 100 TFLOPS}
+servers:
+  - {name: e0, capacity_bytes: 2.5 GB, flops: 20 TFLOPS, cloud_rate_bps: 100Mbps, cloud_rtt_s: 30 ms}
+profiles:
+  sqa: {synthetic: {model: sw, task: sqa, tokens: 100}}
+user_groups:
+  - {count: 3, prefix: u, uplink_bps: 50 Mbit/s, downlink_bps: 100 Mbit/s, rtt_s: 5 ms,
+     flops: 1 TFLOPS, cache_bytes: 40 MB, workload: [{model: sw, weight: 1, profile: sqa}]}
+"""
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    sc = load_scenario(p)
+    assert sc.servers[0].capacity_bytes == 2.5e9
+    assert sc.servers[0].cloud_rate_bps == 1e8
+    assert [u.name for u in sc.users] == ["u0", "u1", "u2"]
+    assert sc.users[0].rtt_s == 0.005
+    assert sc.models[0].expert_bytes == 2 * 768 * 3072 * 2
+
+
+BAD = {
+    "unknown model": (lambda d: d["users"][0]["workload"][0].update(model="nope"), "users[0].workload[0].model"),
+    "capacity negative": (lambda d: d["servers"][0].update(capacity_bytes=-1), "servers[0].capacity_bytes"),
+    "capacity unit": (lambda d: d["servers"][0].update(capacity_bytes="3 parsecs"), "servers[0].capacity_bytes"),
+    "probs do not sum to 1": (lambda d: d["profiles"]["m0/t0"]["layers"][0].update(
+        probs=[0.5] * len(d["profiles"]["m0/t0"]["layers"][0]["probs"])), "profiles.m0/t0.layers[0].probs"),
+    "unknown home": (lambda d: d["users"][0].update(home="edge-9"), "users[0].home"),
+    "unknown link end": (lambda d: d["server_links"][0].update(b="zz"), "server_links[0].b"),
+    "duplicate server": (lambda d: d["servers"][1].update(name="s0"), "servers[1].name"),
+    "set of wrong size": (lambda d: d["profiles"]["m0/t0"]["layers"][0].update(sets=[[0]], probs=[1.0]),
+                          "profiles.m0/t0.layers[0].sets"),
+    "expert out of range": (lambda d: d["profiles"]["m0/t0"]["layers"][0].update(sets=[[0, 9]], probs=[1.0]),
+                            "profiles.m0/t0.layers[0].sets"),
+    "repeated expert": (lambda d: d["profiles"]["m0/t0"]["layers"][0].update(sets=[[1, 1]], probs=[1.0]),
+                        "profiles.m0/t0.layers[0].sets"),
+    "layer count": (lambda d: d["profiles"]["m0/t0"]["layers"].pop(), "profiles.m0/t0.layers"),
+    "workload weights": (lambda d: d["users"][0]["workload"][0].update(weight=3.0), "users[0].workload"),
+    "unknown field": (lambda d: d["servers"][0].update(colour="red"), "servers[0].colour"),
+    "missing field": (lambda d: d["servers"][0].pop("flops"), "servers[0].flops"),
+    "top_k > experts": (lambda d: d["models"][0].update(top_k=9), "models[0].top_k"),
+    "unknown preset": (lambda d: d["models"][0].update(preset="gpt-9"), "models[0].preset"),
+    "unknown profile": (lambda d: d["users"][0]["workload"][0].update(profile="zzz"),
+                        "users[0].workload[0].profile"),
+    "local cache too big": (lambda d: d["users"][0].update(local_cache=[["m0", 0, 0], ["m0", 0, 1]],
+                                                           cache_bytes=1e6), "users[0].local_cache"),
+    "no users": (lambda d: d.update(users=[]), "users"),
+    "zero uplink": (lambda d: d["users"][0].update(uplink_bps=0), "users[0].uplink_bps"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_invalid_inputs_name_the_field(case):
+    mutate, field = BAD[case]
+    d = tiny_scenario_dict(seed=0, experts=4, top_k=2)
+    d = copy.deepcopy(d)
+    mutate(d)
+    with pytest.raises(ScenarioError) as err:
+        resolve_scenario(d)
+    assert str(err.value).startswith(field), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("models: [\n  - {name: x\n")
+    with pytest.raises(ScenarioError, match="invalid YAML.*line"):
+        load_scenario(p)
+    with pytest.raises(ScenarioError, match="file not found"):
+        load_scenario(tmp_path / "missing.yaml")
+
+
+# ---- profiles
+
+
+def test_profile_from_trace_counts():
+    trace = np.array([[[1, 0]], [[0, 1]], [[2, 3]], [[3, 2]]])
+    prof = profile_from_trace(trace, "m")
+    assert prof.layers[0].sets.tolist() == [[0, 1], [2, 3]]
+    assert prof.layers[0].probs.tolist() == [0.5, 0.5]
+    assert prof.meta["tokens"] == 4
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_profile_file_round_trip(tmp_path, suffix):
+    prof = synthetic_profile("m", 16, 4, 3, "sqa", tokens=300, seed=3)
+    prof.save(tmp_path / f"p{suffix}")
+    back = Profile.load(tmp_path / f"p{suffix}")
+    for a, b in zip(prof.layers, back.layers):
+        assert np.array_equal(a.sets, b.sets) and np.array_equal(a.probs, b.probs)
+    back.validate(3, 16, 4)
+
+
+def test_synthetic_profiles_are_seeded_skewed_and_task_specific():
+    a = synthetic_profile("m", 16, 2, 4, "sqa", tokens=2000, seed=1)
+    b = synthetic_profile("m", 16, 2, 4, "sqa", tokens=2000, seed=1)
+    c = synthetic_profile("m", 16, 2, 4, "vqa", tokens=2000, seed=1)
+    assert all(np.array_equal(x.sets, y.sets) and np.array_equal(x.probs, y.probs)
+               for x, y in zip(a.layers, b.layers))
+    ma, mc = a.layers[0].marginals(16), c.layers[0].marginals(16)
+    assert ma.sum() == pytest.approx(2.0)
+    # skew: top quarter of experts carries well over a quarter of the activations
+    assert np.sort(ma)[-4:].sum() / 2.0 > 0.4
+    assert not np.allclose(ma, mc)  # tasks differ
+
+
+def test_router_simulator_shape():
+    sim = RouterSimulator(8, 2, 3, seed=0)
+    tr = sim.trace("x", 50)
+    assert tr.shape == (50, 3, 2) and tr.min() >= 0 and tr.max() < 8
+    assert np.all(tr[:, :, 0] < tr[:, :, 1])
+
+
+def test_profile_from_workload_file(tmp_path):
+    d = tiny_scenario_dict(seed=0, experts=4, top_k=2)
+    prof = Profile.from_dict(d["profiles"]["m0/t0"])
+    prof.save(tmp_path / "mine.json")
+    d["users"][0]["workload"] = [{"model": "m0", "weight": 1.0, "profile": "mine.json"}]
+    (tmp_path / "s.json").write_text(json.dumps(d))
+    sc = load_scenario(tmp_path / "s.json")
+    assert "mine.json" in sc.profiles
+
+
+# ---- local cache
+
+
+def test_lfu_local_cache_order_and_ties():
+    d = tiny_scenario_dict(seed=0, experts=4, top_k=1, layers=2, local_experts=3)
+    d["profiles"] = {"p": {"model": "m0", "layers": [
+        {"sets": [[0], [1], [2]], "probs": [0.5, 0.25, 0.25]},
+        {"sets": [[3], [1]], "probs": [0.5, 0.5]},
+    ]}}
+    for u in d["users"]:
+        u["workload"] = [{"model": "m0", "weight": 1.0, "profile": "p"}]
+    sc = resolve_scenario(d)
+    got = lfu_local_cache(sc, sc.users[0])
+    # scores 0.5: (0,0), (1,1), (1,3) -> ties by layer then expert
+    assert got == [("m0", 0, 0), ("m0", 1, 1), ("m0", 1, 3)]
+
+
+def test_lfu_skips_what_does_not_fit():
+    d = tiny_scenario_dict(seed=0, experts=4, top_k=1, layers=1, models=2, local_experts=2)
+    d["models"][1]["top_k"] = 1
+    d["profiles"] = {
+        "a": {"model": "m0", "layers": [{"sets": [[0], [1]], "probs": [0.5, 0.5]}]},
+        "b": {"model": "m1", "layers": [{"sets": [[0]], "probs": [1.0]}]},
+    }
+    for u in d["users"]:
+        u["workload"] = [{"model": "m0", "weight": 0.5, "profile": "a"},
+                         {"model": "m1", "weight": 0.5, "profile": "b"}]
+        u["cache_bytes"] = 2.5e6
+    sc = resolve_scenario(d)
+    # m1 expert (2 MB) scores 0.5/2e6; m0 experts (1 MB) score 0.25/1e6 each: equal -> model order
+    got = lfu_local_cache(sc, sc.users[0])
+    assert got == [("m0", 0, 0), ("m0", 0, 1)]
