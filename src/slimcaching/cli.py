@@ -98,7 +98,9 @@ def solve_cmd(
     if co_local:
         placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
         placement.params["local_policy"] = "co-activation"
-    latency = problem.objective(placement.x)
+    from slimcaching.evaluation import placement_latency
+
+    latency = placement_latency(problem, placement)
     text = json.dumps(placement.to_dict(problem, latency), indent=1) + "\n"
     if output is None:
         out.print_json(text)
@@ -118,7 +120,7 @@ def evaluate(
     users: Annotated[bool, typer.Option("--users", help="Per-user table as well.")] = False,
 ) -> None:
     """Objective and breakdown of a placement."""
-    from slimcaching.evaluation import breakdown, problem_for
+    from slimcaching.evaluation import placement_breakdown, problem_for
     from slimcaching.placement import load_placement
     from slimcaching.problem import build_problem
 
@@ -126,10 +128,15 @@ def evaluate(
     base = build_problem(sc)
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
-    result = breakdown(problem, pl.x)
-    result = {"algorithm": pl.algorithm, **result}
+    result = {"algorithm": pl.algorithm, **placement_breakdown(problem, pl)}
     if as_json:
         sys.stdout.write(json.dumps(result) + "\n")
+        return
+    if pl.latency_model == "u-shaped":
+        out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms (U-shaped: "
+                  f"{result['access_and_dense_s'] * 1e3:.3f} ms access + dense at the home server, "
+                  f"{result['expert_layers_s'] * 1e3:.3f} ms expert layers); access link "
+                  f"{result['access_bytes_per_token'] / 1e3:.1f} kB/token")
         return
     out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms "
               f"({pl.algorithm}); layer visits: {result['share_all_local']:.1%} all-local, "
@@ -168,6 +175,8 @@ def simulate(
     base = build_problem(sc)
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
+    if pl.latency_model != "slimcaching":
+        raise ScenarioError("placement.latency_model", "simulate supports 'slimcaching' placements", pl.latency_model)
     res = simulate_tokens(problem, pl.x, tokens, seed=seed)
     if as_json:
         sys.stdout.write(json.dumps(res) + "\n")
@@ -190,6 +199,7 @@ def demo(
     from rich.progress import Progress
 
     from slimcaching.algorithms import algorithm_names, solve
+    from slimcaching.evaluation import placement_latency
     from slimcaching.problem import build_problem
 
     names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
@@ -210,7 +220,7 @@ def demo(
                 rows.append((name, None, None, str(exc)))
                 progress.advance(task)
                 continue
-            lat = pl.info.get("mean_token_latency_s") or problem.objective(pl.x)
+            lat = placement_latency(problem, pl)
             note = ""
             if name == "exact":
                 note = f"{pl.info.get('status')}; bound {pl.info.get('bound_s', float('nan')) * 1e3:.3f} ms"

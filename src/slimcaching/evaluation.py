@@ -33,6 +33,23 @@ def problem_for(sc: Scenario, placement: Placement | None = None) -> Problem:
     return build_problem(apply_local_caches(sc, placement.local if placement else None))
 
 
+def placement_latency(problem: Problem, placement: Placement) -> float:
+    """Mean per-token latency under the placement's own serving model."""
+    if placement.latency_model == "u-shaped":
+        from slimcaching.algorithms.u_shaped import u_shaped_breakdown
+
+        return u_shaped_breakdown(problem, placement.x)["mean_token_latency_s"]
+    return problem.objective(placement.x)
+
+
+def placement_breakdown(problem: Problem, placement: Placement) -> dict:
+    if placement.latency_model == "u-shaped":
+        from slimcaching.algorithms.u_shaped import u_shaped_breakdown
+
+        return {"latency_model": "u-shaped", **u_shaped_breakdown(problem, placement.x)}
+    return {"latency_model": "slimcaching", **breakdown(problem, placement.x)}
+
+
 def breakdown(problem: Problem, x: np.ndarray) -> dict:
     """T-bar plus, per user and model: T-bar_{u,m} and the share of layer visits served all-local /
     needing the edge only / needing the cloud, and access-link bytes per token."""

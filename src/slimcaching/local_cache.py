@@ -64,9 +64,13 @@ def resolve_local_caches(sc: Scenario, policy: str | None = None, force: bool = 
     out = copy.copy(sc)
     out._index = {}
     out.users = []
+    memo: dict[tuple, list] = {}  # users with equal workload and cache size get equal caches
     for u in sc.users:
         nu = copy.copy(u)
         if u.local_cache is None or force:
-            nu.local_cache = fn(sc, u)
+            key = (tuple((w.model, w.weight, w.profile) for w in u.workload), u.cache_bytes)
+            if key not in memo:
+                memo[key] = fn(sc, u)
+            nu.local_cache = list(memo[key])
         out.users.append(nu)
     return out

@@ -24,6 +24,7 @@ class Placement:
     local: dict[str, list[tuple[str, int, int]]] | None = None
     solve_seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    latency_model: str = "slimcaching"  # or "u-shaped": how the placement is served
 
     def to_dict(self, problem: Problem, mean_latency: float | None = None) -> dict:
         edge = {
@@ -34,6 +35,7 @@ class Placement:
             "format": PLACEMENT_FORMAT,
             "algorithm": self.algorithm,
             "params": self.params,
+            "latency_model": self.latency_model,
             "edge": edge,
         }
         if self.local is not None:
@@ -42,7 +44,7 @@ class Placement:
         out["solve_seconds"] = self.solve_seconds
         used = problem.check_capacity(self.x)
         out["edge_bytes_used"] = {s: float(used[n]) for n, s in enumerate(problem.server_names)}
-        out.update(self.info)
+        out.update({k: v for k, v in self.info.items() if k not in out})
         return out
 
 
@@ -85,7 +87,14 @@ def placement_from_dict(data: dict, problem: Problem, where: str = "placement") 
                 raise ScenarioError(f"{where}.local", "unknown user", u)
             local[u] = [tuple(k) for k in items]
     return Placement(x=x, algorithm=str(data.get("algorithm", "unknown")), params=data.get("params") or {},
-                     local=local, solve_seconds=float(data.get("solve_seconds") or 0.0))
+                     local=local, solve_seconds=float(data.get("solve_seconds") or 0.0),
+                     latency_model=_latency_model(data.get("latency_model", "slimcaching"), where))
+
+
+def _latency_model(value, where: str) -> str:
+    if value not in ("slimcaching", "u-shaped"):
+        raise ScenarioError(f"{where}.latency_model", "expected 'slimcaching' or 'u-shaped'", value)
+    return value
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:

@@ -19,6 +19,7 @@ resolved) and is what algorithms and the evaluator work on. Notation follows the
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -156,6 +157,37 @@ class Problem:
         """T-bar of SPEC section 3 (seconds per token) for edge placement ``x`` [N, I] bool."""
         return float(self.row_weight @ self.row_latency(x) + self.dense_term)
 
+    def compact(self) -> Problem:
+        """The same objective with identical rows merged (weights added) and rows sorted by
+        (model, layer, home): what the algorithms work on. Per-class fields of rows are dropped
+        (set to -1), so breakdowns and simulation use the full problem."""
+        if self._cache.get("is_compact"):
+            return self
+        if "compact" in self._cache:
+            return self._cache["compact"]
+        cols = np.concatenate([
+            self.row_model[:, None], self.row_layer[:, None], self.row_home[:, None], self.row_items,
+            self.row_access.view(np.int64)[:, None], self.row_local.view(np.int64)[:, None]], axis=1)
+        cols = np.ascontiguousarray(cols)
+        void = cols.view(np.dtype((np.void, cols.dtype.itemsize * cols.shape[1]))).ravel()
+        _, idx, inv = np.unique(void, return_index=True, return_inverse=True)
+        weight = np.bincount(inv.ravel(), weights=self.row_weight, minlength=len(idx))
+        order = np.lexsort((self.row_home[idx], self.row_layer[idx], self.row_model[idx]))
+        idx, weight = idx[order], weight[order]
+        out = copy.copy(self)
+        out._cache = {"is_compact": True}
+        out.row_items = self.row_items[idx]
+        out.row_model = self.row_model[idx]
+        out.row_layer = self.row_layer[idx]
+        out.row_home = self.row_home[idx]
+        out.row_access = self.row_access[idx]
+        out.row_local = self.row_local[idx]
+        out.row_weight = weight
+        minus = np.full(len(idx), -1, np.int64)
+        out.row_class, out.row_entry, out.row_prob = minus, minus, np.full(len(idx), np.nan)
+        self._cache["compact"] = out
+        return out
+
     def check_capacity(self, x: np.ndarray) -> np.ndarray:
         """Bytes used per server (raises nothing; callers compare with ``capacity``)."""
         return x.astype(float) @ self.item_size
@@ -208,10 +240,8 @@ def build_problem(sc: Scenario) -> Problem:
     class_dense = np.empty((nc, len(models)))
     class_model_weight = np.zeros((nc, len(models)))
     class_local = np.zeros((nc, ni + 1), dtype=bool)
-    rows: dict[str, list] = {k: [] for k in ("items", "cls", "model", "layer", "access", "local", "w", "p",
-                                             "entry")}
-    entries: list[tuple[int, int, float]] = []
     kmax = max(m.top_k for m in models)
+    entries: list[tuple[int, int, float, float, str]] = []  # class, model, weight, share in model, profile
     for c, members in enumerate(class_users):
         u = sc.users[members[0]]
         class_home[c] = sidx[u.home]
@@ -224,34 +254,42 @@ def build_problem(sc: Scenario) -> Problem:
             class_dense[c, mi] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
         for mn, layer, e in u.local_cache:
             class_local[c, offset[midx[mn]] + layer * models[midx[mn]].experts + e] = True
-        model_w = {}
+        model_w: dict[str, float] = {}
         for w in u.workload:
             model_w[w.model] = model_w.get(w.model, 0.0) + w.weight
         for w in u.workload:
             mi = midx[w.model]
-            m = models[mi]
             class_model_weight[c, mi] += lam * w.weight / total_rate
-            if w.weight == 0:
-                continue
-            entry_id = len(entries)
-            entries.append((c, mi, lam * w.weight / total_rate))
-            prof = sc.profiles[w.profile]
-            for layer, lp in enumerate(prof.layers):
-                items = offset[mi] + layer * m.experts + lp.sets  # [n, K]
-                loc = class_local[c, items]
-                rem = np.where(loc, ni, items)
-                if m.top_k < kmax:
-                    rem = np.concatenate([rem, np.full((len(rem), kmax - m.top_k), ni)], axis=1)
-                rows["items"].append(rem)
-                cnt = len(items)
-                rows["cls"].append(np.full(cnt, c))
-                rows["model"].append(np.full(cnt, mi))
-                rows["layer"].append(np.full(cnt, layer))
-                rows["access"].append(np.full(cnt, class_access[c, mi]))
-                rows["local"].append(np.where(loc.any(axis=1), class_local_exec[c, mi], 0.0))
-                rows["w"].append(lam * w.weight / total_rate * lp.probs)
-                rows["p"].append(w.weight / model_w[w.model] * lp.probs)
-                rows["entry"].append(np.full(cnt, entry_id))
+            if w.weight > 0:
+                entries.append((c, mi, lam * w.weight / total_rate, w.weight / model_w[w.model], w.profile))
+    # rows, vectorised per profile over all entries that use it
+    by_profile: dict[str, list[int]] = {}
+    for k, e in enumerate(entries):
+        by_profile.setdefault(e[4], []).append(k)
+    rows: dict[str, list] = {k: [] for k in ("items", "cls", "model", "layer", "access", "local", "w", "p",
+                                             "entry")}
+    for pname, ids in by_profile.items():
+        prof = sc.profiles[pname]
+        mi = midx[prof.model]
+        m = models[mi]
+        p_items = np.concatenate([offset[mi] + layer * m.experts + lp.sets for layer, lp in enumerate(prof.layers)])
+        p_layer = np.concatenate([np.full(len(lp.probs), layer) for layer, lp in enumerate(prof.layers)])
+        p_prob = np.concatenate([lp.probs for lp in prof.layers])
+        cls = np.array([entries[k][0] for k in ids])
+        loc = class_local[cls[:, None, None], p_items[None, :, :]]  # [entries, sets, K]
+        rem = np.where(loc, ni, p_items[None, :, :])
+        if m.top_k < kmax:
+            rem = np.concatenate([rem, np.full(rem.shape[:2] + (kmax - m.top_k,), ni)], axis=2)
+        ne, ns = len(ids), len(p_prob)
+        rows["items"].append(rem.reshape(ne * ns, kmax))
+        rows["cls"].append(np.repeat(cls, ns))
+        rows["model"].append(np.full(ne * ns, mi))
+        rows["layer"].append(np.tile(p_layer, ne))
+        rows["access"].append(np.repeat(class_access[cls, mi], ns))
+        rows["local"].append(np.where(loc.any(axis=2), class_local_exec[cls, mi][:, None], 0.0).ravel())
+        rows["w"].append((np.array([entries[k][2] for k in ids])[:, None] * p_prob[None, :]).ravel())
+        rows["p"].append((np.array([entries[k][3] for k in ids])[:, None] * p_prob[None, :]).ravel())
+        rows["entry"].append(np.repeat(np.array(ids), ns))
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
     row_items = cat["items"].astype(np.int64).reshape(-1, kmax)
     row_class = cat["cls"].astype(np.int64)

@@ -31,7 +31,7 @@ class AlgorithmSpec:
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
-_MODULES = ("baselines",)
+_MODULES = ("baselines", "greedy", "slimcaching", "u_shaped", "exact")
 
 
 def register(name: str, summary: str):
@@ -97,7 +97,7 @@ def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
     spec = get_algorithm(name)
     kw = coerce_params(spec, params or {})
     t0 = time.perf_counter()
-    placement = spec.fn(problem, **kw)
+    placement = spec.fn(problem.compact(), **kw)
     placement.solve_seconds = time.perf_counter() - t0
     placement.algorithm = name
     merged = {**spec.defaults, **kw}

@@ -1,0 +1,83 @@
+"""Quality against the optimum on families of small random instances.
+
+For each instance the optimum comes from the ``exact`` MILP (solved to optimality; instances
+where it does not finish are skipped and counted). An algorithm's *ratio* is its latency
+reduction over ``none`` divided by the optimal reduction (1 = optimal).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from slimcaching.algorithms import solve
+from slimcaching.evaluation import placement_latency
+from slimcaching.problem import build_problem
+from slimcaching.scenario import resolve_scenario
+
+
+def random_instance(seed: int, top_k: int) -> dict:
+    """A small random scenario: 2-3 servers, 1-2 models, E=4-6 experts, 2-3 layers, 3-8 users."""
+    rng = np.random.default_rng(seed)
+    servers = int(rng.integers(2, 4))
+    models = int(rng.integers(1, 3))
+    experts = int(rng.integers(max(4, top_k + 1), 7))
+    layers = int(rng.integers(2, 4))
+    mods, profiles = [], {}
+    for mi in range(models):
+        k = top_k if mi == 0 else max(1, top_k - 1)
+        mods.append({"name": f"m{mi}", "layers": layers, "experts": experts, "top_k": k,
+                     "expert_bytes": float((1 + mi) * 1e6), "expert_flops": 1e9, "hidden_bytes": 4096.0,
+                     "dense_bytes": 1e7, "dense_flops": 1e9})
+        all_sets = list(itertools.combinations(range(experts), k))
+        for task in range(2):
+            lay = []
+            for _ in range(layers):
+                cnt = int(rng.integers(2, min(len(all_sets), 8) + 1))
+                pick = sorted(rng.choice(len(all_sets), size=cnt, replace=False))
+                p = rng.dirichlet(np.ones(cnt) * 0.5)
+                lay.append({"sets": [list(all_sets[i]) for i in pick], "probs": [float(v) for v in p]})
+            profiles[f"m{mi}/t{task}"] = {"model": f"m{mi}", "layers": lay}
+    srv = [{"name": f"s{n}", "capacity_bytes": float(rng.integers(2, 2 * experts)) * 1e6, "flops": 1e13,
+            "mem_bandwidth": 2e11, "cloud_rate_bps": 1e8, "cloud_rtt_s": float(rng.uniform(0.02, 0.08))}
+           for n in range(servers)]
+    links = [{"a": f"s{n}", "b": f"s{n + 1}", "rate_bps": 5e8, "rtt_s": float(rng.uniform(0.002, 0.02))}
+             for n in range(servers - 1)]
+    users = []
+    for u in range(int(rng.integers(3, 9))):
+        chosen = [m["name"] for m in mods if rng.random() < 0.7] or ["m0"]
+        users.append({"name": f"u{u}", "home": f"s{int(rng.integers(servers))}", "uplink_bps": 5e7,
+                      "downlink_bps": 1e8, "rtt_s": 0.005, "flops": 1e12, "mem_bandwidth": 3e10,
+                      "cache_bytes": float(rng.integers(0, 3)) * 1e6, "rate": float(rng.uniform(0.5, 2)),
+                      "workload": [{"model": mn, "weight": 1 / len(chosen),
+                                    "profile": f"{mn}/t{int(rng.integers(2))}"} for mn in chosen]})
+    return {"name": f"q{seed}", "models": mods, "cloud": {"flops": 1e14}, "servers": srv, "server_links": links,
+            "profiles": profiles, "users": users}
+
+
+def quality_table(algorithms: list[str], seeds: range, top_ks: tuple[int, ...] = (2, 3),
+                  time_limit: float = 60.0) -> dict:
+    ratios: dict[str, list[float]] = {a: [] for a in algorithms}
+    skipped = 0
+    for k in top_ks:
+        for s in seeds:
+            problem = build_problem(resolve_scenario(random_instance(s * 10 + k, k)))
+            opt = solve(problem, "exact", {"time_limit": time_limit})
+            if not opt.info.get("optimal"):
+                skipped += 1
+                continue
+            base = problem.objective(problem.empty_placement())
+            best = problem.objective(opt.x)
+            if base - best <= 1e-12:
+                continue
+            for a in algorithms:
+                pl = solve(problem, a)
+                ratios[a].append((base - placement_latency(problem, pl)) / (base - best))
+    return {
+        "instances": len(next(iter(ratios.values()))) if ratios else 0,
+        "skipped": skipped,
+        "mean": {a: float(np.mean(v)) for a, v in ratios.items()},
+        "worst": {a: float(np.min(v)) for a, v in ratios.items()},
+        "ratios": ratios,
+    }

@@ -1,0 +1,234 @@
+"""One contract suite over the algorithm registry, plus exactness and quality checks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from helpers import placement_sets, reference_latency, tiny_scenario_dict
+
+from slimcaching.algorithms import algorithm_names, get_algorithm, solve
+from slimcaching.algorithms._tables import knapsack, maxplus_merge, value_table
+from slimcaching.algorithms.slimcaching import server_groups, solve_server
+from slimcaching.algorithms.u_shaped import u_shaped_breakdown
+from slimcaching.errors import ScenarioError
+from slimcaching.evaluation import placement_latency
+from slimcaching.placement import placement_from_dict
+from slimcaching.problem import build_problem
+from slimcaching.scenario import resolve_scenario
+
+ALL = algorithm_names()
+CONTRACT_SCENARIOS = [
+    dict(seed=1, servers=3, users=4, experts=4, top_k=2, layers=2, models=2, capacity_experts=3),
+    dict(seed=2, servers=2, users=3, experts=5, top_k=3, layers=2, models=1, capacity_experts=4, links="none"),
+    dict(seed=3, servers=3, users=5, experts=4, top_k=1, layers=3, models=1, capacity_experts=2.5),
+]
+
+
+def _problem(**kw):
+    return build_problem(resolve_scenario(tiny_scenario_dict(**kw)))
+
+
+def _snapshot(problem):
+    return {k: v.copy() for k, v in vars(problem).items() if isinstance(v, np.ndarray)}
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("sc", range(len(CONTRACT_SCENARIOS)))
+def test_algorithm_contract(name, sc):
+    problem = _problem(**CONTRACT_SCENARIOS[sc])
+    before = _snapshot(problem)
+    params = {"time_limit": 30} if name == "exact" else {}
+    pl = solve(problem, name, params)
+    # capacity
+    assert pl.x.shape == (problem.n_servers, problem.n_items) and pl.x.dtype == bool
+    assert problem.feasible(pl.x)
+    # input untouched
+    for k, v in _snapshot(problem).items():
+        assert np.array_equal(v, before[k]), k
+    # deterministic
+    again = solve(problem, name, params)
+    assert np.array_equal(pl.x, again.x)
+    # placement format round trip
+    lat = placement_latency(problem, pl)
+    data = json.loads(json.dumps(pl.to_dict(problem, lat)))
+    assert data["format"] == "slimcaching/placement@1" and data["algorithm"] == name
+    assert data["mean_token_latency_s"] == lat
+    back = placement_from_dict(data, problem)
+    assert np.array_equal(back.x, pl.x) and back.latency_model == pl.latency_model
+    # reported latency equals an independent re-evaluation
+    if pl.latency_model == "u-shaped":
+        assert lat == pytest.approx(_reference_u_shaped(problem, pl.x), rel=1e-12)
+    else:
+        assert lat == pytest.approx(reference_latency(problem.scenario, placement_sets(problem, pl.x)), rel=1e-12)
+    assert pl.solve_seconds >= 0
+
+
+def _reference_u_shaped(problem, x):
+    sc = problem.scenario
+    held = placement_sets(problem, x)
+    num = den = 0.0
+    names = [s.name for s in sc.servers]
+    for u in sc.users:
+        for w in u.workload:
+            m = sc.model(w.model)
+            hi = names.index(u.home)
+            s = sc.servers[hi]
+            bits = 8 * m.hidden_bytes
+            dense = m.dense_flops / s.flops
+            if s.mem_bandwidth:
+                dense = max(dense, m.dense_bytes / s.mem_bandwidth)
+            t = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s + dense
+            mi = problem.model_names.index(m.name)
+            for layer, lp in enumerate(sc.profiles[w.profile].layers):
+                for sset, p in zip(lp.sets.tolist(), lp.probs.tolist()):
+                    worst = 0.0
+                    for e in sset:
+                        best = problem.cloud_cost[hi, mi]
+                        for n, name in enumerate(names):
+                            if (m.name, layer, e) in held[name]:
+                                best = min(best, problem.holder_cost[hi, n, mi])
+                        worst = max(worst, best)
+                    t += p * worst
+            num += u.rate * w.weight * t
+            den += u.rate * w.weight
+    return num / den
+
+
+def test_random_is_seeded():
+    problem = _problem(**CONTRACT_SCENARIOS[0])
+    a = solve(problem, "random", {"random_state": 1}).x
+    b = solve(problem, "random", {"random_state": 2}).x
+    assert not np.array_equal(a, b)
+
+
+def test_unknown_parameter_is_rejected():
+    with pytest.raises(ScenarioError, match="param beam"):
+        solve(_problem(**CONTRACT_SCENARIOS[0]), "lfu", {"beam": "3"})
+
+
+# ---- exactness
+
+
+def brute_force(problem):
+    """Optimal placement by enumerating every feasible placement (tiny instances only)."""
+    per_server = []
+    for n in range(problem.n_servers):
+        opts = []
+        for mask in itertools.product([False, True], repeat=problem.n_items):
+            m = np.array(mask)
+            if m @ problem.item_size <= problem.capacity[n] + 1e-6:
+                opts.append(m)
+        per_server.append(opts)
+    best = np.inf
+    for combo in itertools.product(*per_server):
+        x = np.array(combo)
+        best = min(best, problem.objective(x))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_equals_brute_force(seed):
+    problem = _problem(seed=seed, servers=2, users=3, experts=3, top_k=2, layers=2, models=1,
+                       capacity_experts=2, local_experts=0)
+    pl = solve(problem, "exact", {"time_limit": 30})
+    assert pl.info["status"] == "optimal" and pl.info["optimal"]
+    assert problem.objective(pl.x) == pytest.approx(brute_force(problem), rel=1e-9)
+    lp = solve(problem, "exact", {"relax": True})
+    assert lp.info["bound_s"] <= problem.objective(pl.x) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_per_server_dp_equals_brute_force(seed):
+    problem = _problem(seed=seed, servers=3, users=5, experts=4, top_k=2 + seed % 2, layers=2, models=1 + seed % 2,
+                       capacity_experts=3, local_experts=1)
+    rng = np.random.default_rng(seed)
+    x = rng.random((problem.n_servers, problem.n_items)) < 0.3
+    n = seed % problem.n_servers
+    stats = {"groups": 0, "exact_groups": 0, "exact_units": True}
+    chosen = solve_server(problem, x, n, False, 1e9, 16, 60000, stats)
+    assert stats["exact_groups"] == stats["groups"] and stats["exact_units"]
+    y = x.copy()
+    y[n] = chosen
+    assert chosen @ problem.item_size <= problem.capacity[n] + 1e-6
+    best = np.inf
+    for mask in itertools.product([False, True], repeat=problem.n_items):
+        m = np.array(mask)
+        if m @ problem.item_size <= problem.capacity[n] + 1e-6:
+            z = x.copy()
+            z[n] = m
+            best = min(best, problem.objective(z))
+    assert problem.objective(y) == pytest.approx(best, rel=1e-12, abs=1e-15)
+
+
+def test_group_tables_exact_against_subsets():
+    problem = _problem(seed=11, servers=2, users=6, experts=6, top_k=3, layers=1, models=1, capacity_experts=6)
+    x = problem.empty_placement()
+    for _, _, gp in server_groups(problem, x, 0):
+        vt = value_table(gp, gp.n_candidates, 1e12)
+        assert vt.exact
+        for k in range(len(vt.values)):
+            subsets = [np.isin(np.arange(gp.n_candidates), c) for c in itertools.combinations(range(gp.n_candidates), k)]
+            best = gp.values(np.array(subsets)).max() if subsets else 0.0
+            assert vt.values[k] == pytest.approx(max(best, vt.values[k - 1] if k else 0.0), rel=1e-12)
+        # beam search is a lower bound of the exact table, and equal on these small groups
+        beam = value_table(gp, gp.n_candidates, 0.0, beam_width=64)
+        assert not beam.exact
+        assert np.all(beam.values <= vt.values + 1e-15)
+
+
+def test_maxplus_merge_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        tabs = []
+        for _ in range(3):
+            t = np.concatenate([[0], np.cumsum(rng.random(int(rng.integers(1, 5))))])
+            if rng.random() < 0.5:  # concave
+                d = np.sort(np.diff(t))[::-1]
+                t = np.concatenate([[0], np.cumsum(d)])
+            tabs.append(t)
+        merged, alloc = maxplus_merge(tabs, 6)
+        for j in range(len(merged)):
+            best = max(sum(t[k] for t, k in zip(tabs, ks)) for ks in itertools.product(*[range(len(t)) for t in tabs])
+                       if sum(ks) <= j)
+            assert merged[j] == pytest.approx(best)
+            assert sum(a[j] for a in alloc) <= j
+            assert sum(t[a[j]] for t, a in zip(tabs, alloc)) == pytest.approx(merged[j])
+
+
+def test_knapsack_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        tabs = [np.concatenate([[0], np.cumsum(rng.random(3))]) for _ in range(3)]
+        w = rng.integers(1, 4, size=3)
+        cap = int(rng.integers(0, 10))
+        val, ks = knapsack(tabs, w, cap)
+        best = max(sum(t[k] for t, k in zip(tabs, kk)) for kk in itertools.product(range(4), repeat=3)
+                   if sum(k * wi for k, wi in zip(kk, w)) <= cap)
+        assert val == pytest.approx(best)
+        assert sum(k * wi for k, wi in zip(ks, w)) <= cap
+
+
+def test_u_shaped_ignores_local_caches():
+    problem = _problem(seed=5, servers=2, users=3, experts=4, top_k=2, layers=2, local_experts=3)
+    pl = solve(problem, "u-shaped")
+    assert pl.latency_model == "u-shaped"
+    assert pl.info["mean_token_latency_s"] == pytest.approx(u_shaped_breakdown(problem, pl.x)["mean_token_latency_s"])
+
+
+def test_exact_time_limit_is_not_called_optimal():
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=0, servers=4, users=30, experts=8, top_k=3,
+                                                                layers=4, models=2, capacity_experts=9,
+                                                                sets_per_layer=20)))
+    pl = solve(problem, "exact", {"time_limit": 0.05})
+    assert pl.info["status"] in ("time_limit", "optimal")
+    if pl.info["status"] != "optimal":
+        assert pl.info["optimal"] is False
+
+
+def test_every_registered_name_has_a_docstring_and_summary():
+    for n in ALL:
+        spec = get_algorithm(n)
+        assert spec.fn.__doc__ and spec.summary
