@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from helpers import placement_sets, reference_latency, tiny_scenario_dict
 
+from helpers import placement_sets, reference_latency, tiny_scenario_dict
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
 from slimcaching.algorithms._tables import knapsack, maxplus_merge, value_table
 from slimcaching.algorithms.slimcaching import server_groups, solve_server
@@ -170,7 +170,8 @@ def test_group_tables_exact_against_subsets():
         vt = value_table(gp, gp.n_candidates, 1e12)
         assert vt.exact
         for k in range(len(vt.values)):
-            subsets = [np.isin(np.arange(gp.n_candidates), c) for c in itertools.combinations(range(gp.n_candidates), k)]
+            subsets = [np.isin(np.arange(gp.n_candidates), c)
+                       for c in itertools.combinations(range(gp.n_candidates), k)]
             best = gp.values(np.array(subsets)).max() if subsets else 0.0
             assert vt.values[k] == pytest.approx(max(best, vt.values[k - 1] if k else 0.0), rel=1e-12)
         # beam search is a lower bound of the exact table, and equal on these small groups

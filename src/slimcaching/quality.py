@@ -17,11 +17,12 @@ from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_scenario
 
 
-def random_instance(seed: int, top_k: int) -> dict:
+def random_instance(seed: int, top_k: int, models: int | None = None) -> dict:
     """A small random scenario: 2-3 servers, 1-2 models, E=4-6 experts, 2-3 layers, 3-8 users."""
     rng = np.random.default_rng(seed)
     servers = int(rng.integers(2, 4))
-    models = int(rng.integers(1, 3))
+    n_models = int(rng.integers(1, 3))
+    models = models or n_models
     experts = int(rng.integers(max(4, top_k + 1), 7))
     layers = int(rng.integers(2, 4))
     mods, profiles = [], {}
@@ -57,12 +58,12 @@ def random_instance(seed: int, top_k: int) -> dict:
 
 
 def quality_table(algorithms: list[str], seeds: range, top_ks: tuple[int, ...] = (2, 3),
-                  time_limit: float = 60.0) -> dict:
+                  time_limit: float = 60.0, models: int | None = None) -> dict:
     ratios: dict[str, list[float]] = {a: [] for a in algorithms}
     skipped = 0
     for k in top_ks:
         for s in seeds:
-            problem = build_problem(resolve_scenario(random_instance(s * 10 + k, k)))
+            problem = build_problem(resolve_scenario(random_instance(s * 10 + k, k, models)))
             opt = solve(problem, "exact", {"time_limit": time_limit})
             if not opt.info.get("optimal"):
                 skipped += 1

@@ -138,7 +138,7 @@ def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budg
             allocs.append(alloc)
             class_units.append(u)
         _, js = knapsack(merged, np.array(class_units), cap_units)
-        for ci, (u, members) in enumerate(classes.items()):
+        for ci, members in enumerate(classes.values()):
             j = js[ci]
             for t, g in enumerate(members):
                 ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0

@@ -1,0 +1,52 @@
+"""Quality against the MILP optimum on families of small random instances (issue: algorithms).
+
+Prints the mean and worst ratio of each algorithm's latency reduction to the optimal one
+(run ``pytest -s tests/test_quality.py`` to see the table) and writes it to
+``quality_report.json`` in pytest's temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slimcaching.quality import quality_table
+
+ALGOS = ["slimcaching", "slimcaching-fast", "greedy-k1", "greedy", "lfu", "random", "u-shaped"]
+
+
+def _print(title, table):
+    lines = [f"{title}: {table['instances']} instances (skipped: {table['skipped']})",
+             f"{'algorithm':18s} {'mean':>8s} {'worst':>8s}"]
+    for a in table["mean"]:
+        lines.append(f"{a:18s} {table['mean'][a]:8.4f} {table['worst'][a]:8.4f}")
+    print("\n" + "\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def k23():
+    return quality_table(ALGOS, range(25), top_ks=(2, 3))
+
+
+def test_quality_k2_k3(k23, tmp_path_factory):
+    _print("K=2 and K=3, ratio of latency reduction to the optimum", k23)
+    out = tmp_path_factory.mktemp("quality") / "quality_report.json"
+    out.write_text(json.dumps({k: v for k, v in k23.items() if k != "ratios"}, indent=1))
+    assert k23["instances"] >= 50
+    mean = k23["mean"]
+    assert mean["slimcaching"] >= 0.98
+    assert mean["slimcaching"] >= mean["greedy"] + 0.03
+    assert mean["slimcaching"] >= mean["lfu"] + 0.1
+    # the optimum bounds every placement served the SlimCaching way (u-shaped is another serving
+    # model: one round trip per token, so it can beat it)
+    assert all(-1e-9 <= r <= 1.0 + 1e-9 for a, v in k23["ratios"].items() if a != "u-shaped" for r in v)
+
+
+def test_greedy_k1_within_its_guarantee_for_k1():
+    # one model: equal expert sizes, so each server's knapsack is a partition-matroid constraint and
+    # the greedy's guarantee is 1/2 (Fisher, Nemhauser, Wolsey 1978)
+    table = quality_table(["greedy-k1"], range(25), top_ks=(1,), models=1)
+    _print("K=1, one model", table)
+    assert table["instances"] >= 20
+    assert table["worst"]["greedy-k1"] >= 0.5
