@@ -318,6 +318,53 @@ def _to_toml(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@app.command()
+def experiment(
+    name: Annotated[str, typer.Argument(help="Experiment name or 'all'.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("results"),
+    seeds: Annotated[int, typer.Option(help="Seeds per point.")] = 3,
+    quick: Annotated[bool, typer.Option("--quick", help="Small smoke version (CI).")] = False,
+    backend: Annotated[str, typer.Option(help="serial, process or ray.")] = "process",
+    workers: Annotated[int | None, typer.Option(help="Parallel workers (default: all cores).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address to join.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep finished points, run the rest.")] = False,
+    exact_limit: Annotated[float, typer.Option("--exact-limit", help="Also run 'exact' with this time "
+                                               "limit (s); 0: off.")] = 0.0,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Sweep on top of this scenario file "
+                                                 "(capacity, local-cache, bandwidth, communication).")] = None,
+) -> None:
+    """Run one experiment of the paper (or all) and write CSV, PNG/SVG figures and a summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from slimcaching.experiments import EXPERIMENTS, run_experiment
+
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    for n in names:
+        if n not in EXPERIMENTS:
+            raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", n)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for n in names:
+            task = progress.add_task(f"{n}", total=None)
+
+            def report(done: int, total: int, task=task) -> None:
+                progress.update(task, completed=done, total=total)
+
+            path = run_experiment(n, out_dir, seeds=seeds, quick=quick, backend=backend, workers=workers,
+                                  address=address, resume=resume, exact_limit=exact_limit,
+                                  scenario_path=scenario, progress=report)
+            console.print(f"{n}: wrote {path}, {path.with_suffix('.png').name}, "
+                          f"{path.with_suffix('.svg').name}, {path.with_suffix('.md').name}")
+
+
+@app.command()
+def report(directory: Annotated[Path, typer.Argument(help="Directory of experiment results.")]) -> None:
+    """Assemble every experiment's figure and summary into one self-contained HTML page."""
+    from slimcaching.experiments.plots import write_report
+
+    console.print(f"wrote {write_report(directory)}")
+
+
 @app.command("algorithms")
 def list_algorithms() -> None:
     """List the registered placement algorithms and their parameters."""

@@ -174,7 +174,7 @@ def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: 
 
 
 @register("slimcaching", "successive greedy decomposition, per-server DP over (model, layer) groups")
-def slimcaching(problem: Problem, order: str = "rate", passes: int = 2, exact_budget: float = 2e7,
+def slimcaching(problem: Problem, order: str = "rate", passes: int = 2, exact_budget: float = 4e6,
                 beam_width: int = 16, max_units: int = 60000) -> Placement:
     """The paper's main algorithm (see module docstring).
 

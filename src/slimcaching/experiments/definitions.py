@@ -1,0 +1,88 @@
+"""The experiment catalogue: which option each sweeps, over which values, with which axis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PAPER_ALGOS = ("slimcaching", "slimcaching-fast", "greedy", "lfu", "random", "u-shaped", "none")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    option: str  # generator option (or "size" for runtime)
+    values: tuple
+    quick_values: tuple
+    xlabel: str
+    metric: str = "latency_ms"  # y axis
+    ylabel: str = "mean per-token latency (ms)"
+    algorithms: tuple = PAPER_ALGOS
+    base: dict = field(default_factory=dict)  # generator overrides for every point
+    logx: bool = False
+    x_of: str = "value"  # how to print the x value
+    description: str = ""
+
+
+def _size(servers: int, users: int) -> dict:
+    return {"servers": servers, "users": users}
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in [
+        Experiment("capacity", "capacity", (0.5e9, 1e9, 1.5e9, 2e9, 2.5e9, 3e9, 4e9, 5e9), (0.5e9, 2.5e9, 5e9),
+                   "edge storage per server (GB)", x_of="GB",
+                   description="Edge server storage from 0.5 to 5 GB (2.5 GB is the paper's headline point)."),
+        Experiment("local-cache", "local_experts", (0, 2, 4, 8, 12, 16), (0, 4, 12),
+                   "device cache (experts of the largest model)",
+                   description="Device cache size, counted in experts of the largest model (69 MB each)."),
+        Experiment("models", "models_per_user", (1, 2, 3), (1, 3), "MoE models requested per user",
+                   description="Number of the three MoE models each user requests."),
+        Experiment("bandwidth", "uplink", (10e6, 25e6, 50e6, 100e6, 200e6), (10e6, 100e6),
+                   "user uplink (Mbit/s); downlink is twice the uplink", x_of="Mbit/s", logx=True,
+                   description="User-edge access rates (uplink, with downlink = 2 x uplink)."),
+        Experiment("servers", "servers", (2, 3, 5, 8, 10), (2, 5), "edge servers",
+                   description="Number of edge servers (ring), 50 users."),
+        Experiment("users", "users", (10, 25, 50, 100, 200), (10, 50), "users",
+                   description="Number of users on 5 servers."),
+        Experiment("runtime", "size", ((5, 50), (10, 100), (20, 200), (40, 400)), ((3, 20), (6, 40), (12, 80)),
+                   "users (servers = users / 10)", metric="solve_s", ylabel="solve time (s)", logx=True,
+                   algorithms=("slimcaching", "slimcaching-fast", "greedy", "lfu", "random", "u-shaped"),
+                   x_of="users", description="Solve time as servers and users grow together (log-log; fitted "
+                   "slopes in the summary)."),
+        Experiment("communication", "capacity", (0.5e9, 1e9, 2.5e9, 4e9, 5e9), (0.5e9, 5e9),
+                   "edge storage per server (GB)", metric="access_kb", ylabel="access-link traffic (kB/token)",
+                   algorithms=("slimcaching", "u-shaped", "lfu", "none"), x_of="GB",
+                   description="Access-link bytes per token against storage, SlimCaching vs U-shaped."),
+        Experiment("k", "top_k", (1, 2, 3, 4), (1, 2, 4), "top-K", base={"models": ("llama-moe-3.5b-4-16",),
+                                                                        "models_per_user": 1,
+                                                                        "capacity": 1e9},
+                   description="Top-K from 1 to 4 on LLaMA-MoE-3.5B (16 experts per layer): how co-activation "
+                   "widens the gap between SlimCaching and the frequency-based baselines."),
+    ]
+}
+
+QUICK_BASE = {"users": 16, "servers": 3, "profile_tokens": 200}
+
+
+def x_value(exp: Experiment, value) -> float:
+    if exp.option == "size":
+        return float(value[1])
+    if exp.x_of == "GB":
+        return float(value) / 1e9
+    if exp.x_of == "Mbit/s":
+        return float(value) / 1e6
+    return float(value)
+
+
+def apply_point(exp: Experiment, value, quick: bool) -> dict:
+    """Generator overrides for one point of the sweep."""
+    over = dict(QUICK_BASE) if quick else {}
+    over.update(exp.base)
+    if exp.option == "size":
+        over.update(_size(*value))
+    elif exp.option == "uplink":
+        over.update(uplink=float(value), downlink=2.0 * float(value))
+    else:
+        over[exp.option] = value
+    return over

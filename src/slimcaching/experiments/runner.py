@@ -1,0 +1,200 @@
+"""Running a sweep: tasks (point, seed) through a pluggable executor, incremental CSV, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from slimcaching.errors import ScenarioError
+from slimcaching.experiments.definitions import EXPERIMENTS, Experiment, apply_point, x_value
+
+COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
+           "access_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error"]
+
+SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
+
+
+def _scenario_for(exp: Experiment, value, seed: int, quick: bool, scenario_path: str | None):
+    from slimcaching.generate import generate_scenario_dict, GeneratorOptions  # noqa: I001
+    from slimcaching.scenario import load_scenario, resolve_scenario
+
+    if scenario_path is None:
+        return resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed, **apply_point(exp, value, quick)))
+    if exp.option not in SCENARIO_OPTIONS:
+        raise ScenarioError("--scenario", f"experiment {exp.name!r} sweeps {exp.option}, which needs the generator; "
+                            f"with a scenario file use capacity, local-cache, bandwidth or communication")
+    import copy
+
+    sc = load_scenario(scenario_path)
+    sc = copy.deepcopy(sc)
+    if exp.option == "capacity":
+        sc.servers = [type(s)(**{**s.__dict__, "capacity_bytes": float(value)}) for s in sc.servers]
+    elif exp.option == "uplink":
+        for u in sc.users:
+            u.uplink_bps, u.downlink_bps = float(value), 2.0 * float(value)
+    elif exp.option == "local_experts":
+        biggest = max(m.expert_bytes for m in sc.models)
+        for u in sc.users:
+            u.cache_bytes = float(value) * biggest
+            u.local_cache = None
+    return sc
+
+
+def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str], exact_limit: float,
+              scenario_path: str | None) -> list[dict]:
+    """All algorithms at one (point, seed); never raises: a failure becomes one row with ``error``."""
+    exp = EXPERIMENTS[exp_name]
+    base = {"experiment": exp_name, "point": json.dumps(value), "x": x_value(exp, value), "seed": seed}
+    try:
+        from slimcaching.algorithms import solve
+        from slimcaching.evaluation import placement_breakdown
+        from slimcaching.problem import build_problem
+
+        problem = build_problem(_scenario_for(exp, value, seed, quick, scenario_path))
+        problem.compact()
+        names = list(algorithms) + (["exact"] if exact_limit > 0 else [])
+        if "none" not in names:
+            names.append("none")
+        rows, ref = [], None
+        for name in names:
+            params = {"time_limit": exact_limit} if name == "exact" else {}
+            pl = solve(problem, name, params)
+            bd = placement_breakdown(problem, pl)
+            lat = bd["mean_token_latency_s"]
+            status = pl.info.get("status", "")
+            if name == "exact" and status != "optimal":
+                lat_ms = float("nan")  # only optimal MILP answers are reported as the optimum
+            else:
+                lat_ms = lat * 1e3
+            row = dict(base, algorithm=name, latency_ms=lat_ms, solve_s=pl.solve_seconds,
+                       access_kb=bd.get("access_bytes_per_token", float("nan")) / 1e3,
+                       share_all_local=bd.get("share_all_local", ""), share_edge_only=bd.get("share_edge_only", ""),
+                       share_needs_cloud=bd.get("share_needs_cloud", ""), status=status, error="")
+            if name == "none":
+                ref = lat * 1e3
+            rows.append(row)
+        for row in rows:
+            lat = row["latency_ms"]
+            row["reduction_vs_none"] = (ref - lat) / ref if ref and lat == lat else float("nan")
+        return [r for r in rows if r["algorithm"] in algorithms or r["algorithm"] == "exact"]
+    except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+        msg = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, ScenarioError):
+            msg += " | " + traceback.format_exc(limit=3).replace("\n", " ")[-400:]
+        return [dict(base, algorithm="*", latency_ms=float("nan"), reduction_vs_none=float("nan"),
+                     solve_s=float("nan"), access_kb=float("nan"), share_all_local="", share_edge_only="",
+                     share_needs_cloud="", status="failed", error=msg)]
+
+
+# ---- executors --------------------------------------------------------------------------------
+
+Task = tuple  # (exp_name, value, seed, quick, algorithms, exact_limit, scenario_path)
+
+
+def serial_executor(tasks: list[Task], **_) -> Iterable[list[dict]]:
+    for t in tasks:
+        yield run_point(*t)
+
+
+def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iterable[list[dict]]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(run_point, *t) for t in tasks]
+        for f in as_completed(futures):
+            yield f.result()
+
+
+def ray_executor(tasks: list[Task], address: str | None = None, workers: int | None = None, **_):
+    try:
+        import ray
+    except ImportError:
+        raise ScenarioError("--backend", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
+    started = False
+    if not ray.is_initialized():
+        kw = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
+        ray.init(ignore_reinit_error=True, log_to_driver=False, **kw)
+        started = True
+    try:
+        remote = ray.remote(run_point)
+        pending = [remote.remote(*t) for t in tasks]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+EXECUTORS: dict[str, Callable] = {"serial": serial_executor, "process": process_executor, "ray": ray_executor}
+
+
+def _done_keys(path: Path) -> set[tuple[str, int]]:
+    if not path.exists():
+        return set()
+    with path.open() as f:
+        return {(r["point"], int(r["seed"])) for r in csv.DictReader(f) if not r.get("error")}
+
+
+def _drop_failed(path: Path) -> None:
+    """On resume, failed points are run again: remove their rows first."""
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if not r.get("error")]
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = False, backend: str = "process",
+                   workers: int | None = None, address: str | None = None, resume: bool = False,
+                   algorithms: list[str] | None = None, exact_limit: float = 0.0,
+                   scenario_path: str | None = None, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Run experiment ``name`` into directory ``out``; returns the CSV path (figures via :mod:`plots`)."""
+    if name not in EXPERIMENTS:
+        raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", name)
+    if backend not in EXECUTORS:
+        raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
+    if seeds < 1:
+        raise ScenarioError("--seeds", "must be >= 1", seeds)
+    exp = EXPERIMENTS[name]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.csv"
+    if path.exists() and not resume:
+        path.unlink()
+    if path.exists():
+        _drop_failed(path)
+    done = _done_keys(path)
+    values = exp.quick_values if quick else exp.values
+    algos = list(algorithms or exp.algorithms)
+    tasks = [(name, v, s, quick, algos, exact_limit, scenario_path) for v in values for s in range(seeds)
+             if (json.dumps(v), s) not in done]
+    new_file = not path.exists()
+    total = len(tasks)
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        if new_file:
+            writer.writeheader()
+            f.flush()
+        if progress:
+            progress(0, total)
+        t0 = time.perf_counter()
+        for k, rows in enumerate(EXECUTORS[backend](tasks, workers=workers, address=address), 1):
+            writer.writerows(rows)
+            f.flush()
+            if progress:
+                progress(k, total)
+    del t0
+    from slimcaching.experiments.plots import write_outputs
+
+    write_outputs(exp, path, out)
+    return path

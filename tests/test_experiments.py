@@ -1,0 +1,119 @@
+"""Experiments (quick versions), executors, resume, failure recording, report, and the simulator."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from helpers import tiny_scenario_dict
+from slimcaching.algorithms import solve
+from slimcaching.experiments import EXPERIMENTS, run_experiment
+from slimcaching.experiments import runner as runner_mod
+from slimcaching.experiments.definitions import Experiment
+from slimcaching.experiments.plots import write_report
+from slimcaching.problem import build_problem
+from slimcaching.scenario import resolve_scenario
+from slimcaching.simulate import simulate_tokens
+
+FAST = ["slimcaching-fast", "lfu", "none"]
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_quick_capacity_writes_csv_figures_summary(tmp_path):
+    path = run_experiment("capacity", tmp_path, seeds=1, quick=True, backend="serial", algorithms=FAST)
+    rows = _rows(path)
+    assert len(rows) == len(EXPERIMENTS["capacity"].quick_values) * len(FAST)
+    assert not any(r["error"] for r in rows)
+    for ext in ("png", "svg", "md"):
+        assert (tmp_path / f"capacity.{ext}").stat().st_size > 0
+    md = (tmp_path / "capacity.md").read_text()
+    assert "Headline claim at 2.5 GB" in md and "16.7%" in md
+    none = {r["x"]: float(r["latency_ms"]) for r in rows if r["algorithm"] == "none"}
+    for r in rows:
+        assert float(r["latency_ms"]) <= none[r["x"]] + 1e-9  # caching never hurts
+    html = write_report(tmp_path)
+    assert "data:image/png;base64," in html.read_text()
+
+
+def test_resume_runs_only_missing_points(tmp_path, monkeypatch):
+    path = run_experiment("models", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu"])
+    rows = _rows(path)
+    keep = [r for r in rows if r["point"] == rows[0]["point"]]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, runner_mod.COLUMNS)
+        w.writeheader()
+        w.writerows(keep)
+    calls = []
+    original = runner_mod.run_point
+
+    def counting(*args):
+        calls.append(args[1])
+        return original(*args)
+
+    monkeypatch.setattr(runner_mod, "run_point", counting)
+    run_experiment("models", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu"], resume=True)
+    assert len(calls) == len(EXPERIMENTS["models"].quick_values) - 1
+    assert len(_rows(path)) == len(rows)
+
+
+def test_failed_point_is_recorded_and_sweep_goes_on(tmp_path, monkeypatch):
+    bad = Experiment("servers", "servers", (0, 2), (0, 2), "edge servers")
+    monkeypatch.setitem(EXPERIMENTS, "servers", bad)
+    path = run_experiment("servers", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu"])
+    rows = _rows(path)
+    errors = [r for r in rows if r["error"]]
+    assert len(errors) == 1 and "servers" in errors[0]["error"]
+    assert any(r["algorithm"] == "lfu" and not r["error"] for r in rows)
+    assert "Failed points (1)" in (tmp_path / "servers.md").read_text()
+
+
+def test_process_pool_backend(tmp_path):
+    path = run_experiment("k", tmp_path, seeds=1, quick=True, backend="process", workers=2,
+                          algorithms=["slimcaching-fast", "greedy", "none"])
+    rows = _rows(path)
+    assert {r["x"] for r in rows} == {"1.0", "2.0", "4.0"}
+    assert not any(r["error"] for r in rows)
+
+
+def test_runtime_experiment_reports_slopes(tmp_path):
+    run_experiment("runtime", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu", "slimcaching-fast"])
+    assert "Fitted log-log slopes" in (tmp_path / "runtime.md").read_text()
+
+
+def test_ray_backend_smoke(tmp_path):
+    pytest.importorskip("ray")
+    path = run_experiment("models", tmp_path, seeds=1, quick=True, backend="ray", workers=1, algorithms=["lfu"])
+    assert len(_rows(path)) == len(EXPERIMENTS["models"].quick_values)
+
+
+# ---- token-level simulation
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_simulated_mean_converges_to_analytic(seed):
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=seed, servers=3, users=4, experts=5, top_k=2,
+                                                                layers=3, models=2)))
+    x = solve(problem, "slimcaching").x
+    res = simulate_tokens(problem, x, 40000, seed=seed)
+    analytic = problem.objective(x)
+    assert res["analytic_mean_token_latency_s"] == pytest.approx(analytic, rel=1e-12)
+    # within 4.5 standard errors (false alarm ~1e-5 per run)
+    assert abs(res["mean_token_latency_s"] - analytic) <= 4.5 * res["standard_error_s"]
+    assert res["p50_s"] <= res["p95_s"] <= res["p99_s"]
+    assert sum(res[k] for k in ("share_all_local", "share_edge_only", "share_needs_cloud")) == pytest.approx(1.0)
+
+
+def test_simulation_is_seeded():
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=3)))
+    x = problem.empty_placement()
+    a = simulate_tokens(problem, x, 500, seed=7)
+    b = simulate_tokens(problem, x, 500, seed=7)
+    assert json.dumps(a) == json.dumps(b)
+    assert np.isfinite(a["mean_token_latency_s"])
