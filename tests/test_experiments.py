@@ -117,3 +117,17 @@ def test_simulation_is_seeded():
     b = simulate_tokens(problem, x, 500, seed=7)
     assert json.dumps(a) == json.dumps(b)
     assert np.isfinite(a["mean_token_latency_s"])
+
+
+def test_queueing_matches_analytic_at_low_load_and_grows_with_load():
+    from slimcaching.queueing import simulate_queueing
+
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=4, servers=3, users=4, experts=5, top_k=2,
+                                                                layers=3, models=2)))
+    x = solve(problem, "slimcaching").x
+    low = simulate_queueing(problem, x, 20000, load=1e-6, seed=1)
+    analytic = problem.objective(x)
+    assert abs(low["mean_token_latency_s"] - analytic) <= 4.5 * low["standard_error_s"]
+    high = simulate_queueing(problem, x, 20000, load=2000.0, seed=1)
+    assert high["mean_token_latency_s"] > low["mean_token_latency_s"] * 1.05
+    assert max(high["server_utilisation"].values()) > max(low["server_utilisation"].values())

@@ -219,3 +219,45 @@ def test_errors_for_non_moe_and_unknown_family(tmp_path):
         hf.RoutingRecorder(transformers.LlamaForCausalLM(cfg))
     with pytest.raises(ScenarioError, match="model"):
         hf.load_model(str(tmp_path / "nothing-here"))
+
+
+def test_qwen3_vl_moe_with_images(tmp_path, monkeypatch):
+    """Images go through the Qwen-VL image processor; image tokens are routed and recorded too."""
+    from PIL import Image
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path / "vl"
+    cfg_cls, kw, model_cls = _configs()["qwen3_vl_moe"]
+    torch.manual_seed(0)
+    model_cls(cfg_cls(**kw)).save_pretrained(d)
+    specials = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+    vocab = {"[PAD]": 0, "<s>": 1, "</s>": 2, "[UNK]": 3}
+    vocab.update({f"w{i}": i + 4 for i in range(VOCAB - 8)})
+    vocab.update({s: 60 + j for j, s in enumerate(specials)})  # ids as in the config
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>",
+                                         additional_special_tokens=specials).save_pretrained(d)
+    transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2,
+                                          min_pixels=28 * 28 * 4, max_pixels=56 * 56 * 4).save_pretrained(d)
+    img = tmp_path / "img.png"
+    Image.fromarray((np.random.default_rng(0).random((56, 56, 3)) * 255).astype("uint8")).save(img)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"text": "w1 w2 w3", "image": str(img)}) + "\n" + json.dumps({"text": "w4"}) + "\n")
+    captured: dict = {}
+    real_load = hf.load_model
+
+    def load_with_hooks(*a, **k):
+        model, cfg = real_load(*a, **k)
+        _router_hooks(model, captured)
+        return model, cfg
+
+    monkeypatch.setattr(hf, "load_model", load_with_hooks)
+    trace = hf.profile_model(str(d), hf.read_prompts(prompts), batch_size=1, generate=1)
+    # 56x56 image -> 4x4 patches -> 4 image tokens after 2x2 merge, + 2 markers + 3 words; second prompt 1 word
+    assert trace.meta["prefill_tokens"] == (4 + 2 + 3) + 1
+    for li in range(len(trace.layer_names)):
+        rec = trace.experts[li]
+        assert len(rec) == trace.meta["prefill_tokens"] + 2  # + one decoded token per prompt
+        ref = np.concatenate([c[1] for c in captured[li]])
+        assert np.array_equal(np.sort(rec, axis=1), np.sort(ref, axis=1))

@@ -163,6 +163,10 @@ def simulate(
     placement: Annotated[Path, typer.Argument(help="Placement JSON file.")],
     tokens: Annotated[int, typer.Option("--tokens", "-n", min=1, help="Tokens to draw.")] = 10000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    queueing: Annotated[bool, typer.Option("--queueing", help="FIFO queues at edge servers and backhauls "
+                                           "(see docs/model.md for the assumptions).")] = False,
+    load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every user's "
+                                        "token rate.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Token-level Monte Carlo simulation of a placement."""
@@ -177,6 +181,21 @@ def simulate(
     problem = problem_for(sc, pl) if pl.local else base
     if pl.latency_model != "slimcaching":
         raise ScenarioError("placement.latency_model", "simulate supports 'slimcaching' placements", pl.latency_model)
+    if queueing:
+        from slimcaching.queueing import simulate_queueing
+
+        if load <= 0:
+            raise ScenarioError("--load", "must be > 0", load)
+        res = simulate_queueing(problem, pl.x, tokens, load=load, seed=seed)
+        if as_json:
+            sys.stdout.write(json.dumps(res) + "\n")
+            return
+        busiest = max(res["server_utilisation"].items(), key=lambda t: t[1]) if res["server_utilisation"] else None
+        out.print(f"{tokens} tokens at load x{load:g}: mean {res['mean_token_latency_s'] * 1e3:.3f} ms "
+                  f"(idle-network analytic {res['analytic_mean_token_latency_s'] * 1e3:.3f} ms); "
+                  f"p95 {res['p95_s'] * 1e3:.3f} ms, p99 {res['p99_s'] * 1e3:.3f} ms"
+                  + (f"; busiest server {busiest[0]} at {busiest[1]:.1%}" if busiest else ""))
+        return
     res = simulate_tokens(problem, pl.x, tokens, seed=seed)
     if as_json:
         sys.stdout.write(json.dumps(res) + "\n")
@@ -373,7 +392,8 @@ def profile(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
     trace: Annotated[Path | None, typer.Option("--trace", help="Routing trace file (.npz); default: "
                                                "next to the profile.")] = None,
-    generate: Annotated[int, typer.Option("--generate", min=0, help="Decode N tokens per prompt too.")] = 0,
+    generate: Annotated[int, typer.Option("--generate", min=0, help="Also route N decoded tokens per prompt "
+                                          "(encoder-decoder: N decoder tokens, at least 1).")] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:i].")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16, float16.")] = "auto",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,

@@ -241,7 +241,7 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
                   progress=None) -> RoutingTrace:
     """Run the model over prompts and record its routing (prefill and, with ``generate``, decode)."""
     import torch
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     model, config = load_model(model_id, device, dtype)
     try:
@@ -257,7 +257,7 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
         if not config.model_type.startswith("qwen3_vl_moe"):
             raise ScenarioError("--prompts", "images are supported for the Qwen3-VL-MoE family only",
                                 config.model_type)
-        processor = AutoProcessor.from_pretrained(model_id)
+        processor = _image_processor(model_id)
     truncate = None
     if max_tokens:  # whole prompts within the budget; a first prompt longer than it is truncated
         lengths = [len(tok(p["text"])["input_ids"]) for p in prompts]
@@ -273,14 +273,16 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
         for start in range(0, len(prompts), batch_size):
             batch = prompts[start:start + batch_size]
             if processor is not None:
-                enc = _vl_inputs(processor, batch, model_id)
+                enc = _vl_inputs(processor, tok, batch)
             else:
                 limit = truncate or (tok.model_max_length if (tok.model_max_length or 0) < 10**6 else None)
                 enc = tok([p["text"] for p in batch], return_tensors="pt", padding=True,
                           truncation=limit is not None, max_length=limit)
             enc = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in enc.items()}
             rec.valid = enc["attention_mask"].reshape(-1).bool().cpu().numpy()
-            new = max(generate, 1 if encoder_decoder else 0)
+            # decoder-only: the last generated token is never fed back, so N routed decode tokens need
+            # N + 1 new tokens; encoder-decoder: the decoder routes the start token and N - 1 generated ones
+            new = max(generate, 1) if encoder_decoder else (generate + 1 if generate else 0)
             if new > 0:
                 model.generate(**enc, max_new_tokens=new, do_sample=False,
                                pad_token_id=tok.pad_token_id, min_new_tokens=new)
@@ -296,11 +298,23 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
     return rec.trace(meta)
 
 
-def _vl_inputs(processor, batch, model_id):
+def _image_processor(model_id: str):
+    """Qwen-VL image processor from the model directory, PIL backend (no torchvision needed)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    try:
+        return Qwen2VLImageProcessorPil.from_pretrained(model_id)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError("model", f"no image processor config in {model_id!r} ({str(exc).splitlines()[0][:100]})"
+                            ) from None
+
+
+def _vl_inputs(image_processor, tok, batch) -> dict:
+    """Text + images the way Qwen-VL processors lay them out: each image becomes
+    <|vision_start|> + n x <|image_pad|> + <|vision_end|>, n = patches / merge_size^2."""
     from PIL import Image
 
-    msgs = []
-    images = []
+    images, texts = [], []
     for p in batch:
         content = []
         if p["image"]:
@@ -310,6 +324,25 @@ def _vl_inputs(processor, batch, model_id):
             images.append(Image.open(path).convert("RGB"))
             content.append({"type": "image"})
         content.append({"type": "text", "text": p["text"]})
-        msgs.append([{"role": "user", "content": content}])
-    texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in msgs]
-    return dict(processor(text=texts, images=images or None, return_tensors="pt", padding=True))
+        if getattr(tok, "chat_template", None):
+            texts.append(tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                 add_generation_prompt=True))
+        else:
+            texts.append(("<|vision_start|><|image_pad|><|vision_end|> " if p["image"] else "") + p["text"])
+    out: dict = {}
+    if images:
+        img = image_processor(images=images, return_tensors="pt")
+        counts = (img["image_grid_thw"].prod(dim=-1) // image_processor.merge_size**2).tolist()
+        k = 0
+        expanded = []
+        for t in texts:
+            parts = t.split("<|image_pad|>")
+            rebuilt = parts[0]
+            for part in parts[1:]:
+                rebuilt += "<|image_pad|>" * int(counts[k]) + part
+                k += 1
+            expanded.append(rebuilt)
+        texts = expanded
+        out.update(pixel_values=img["pixel_values"], image_grid_thw=img["image_grid_thw"])
+    out.update(dict(tok(texts, return_tensors="pt", padding=True)))
+    return out

@@ -1,0 +1,122 @@
+"""Token-level simulation with queueing at edge servers and backhauls (``simulate --queueing``).
+
+Beyond the analytic model, which assumes every server and backhaul is idle. Assumptions:
+
+* tokens of user u arrive as a Poisson process of rate ``load * lambda_u``; a token picks one
+  workload entry (by weight) and, independently per layer, a co-activation set;
+* a token runs its dense part on the device first, then its MoE layers one after another;
+* in a layer, the experts a server holds for this token form one *job* that occupies that server
+  for t_n (the K experts of a layer run in parallel on one accelerator, as in the analytic
+  model); each edge server is a single FIFO queue;
+* an expert fetched from the cloud crosses the home server's backhaul, a FIFO queue busy for
+  2 * 8d / R_h per request (both directions lumped), then takes delta_h + t_cloud (the cloud
+  never queues);
+* access links and server-server links do not queue (their delays are the analytic ones, split
+  evenly between the two directions); the device runs its local experts in parallel;
+* requests are served in the order tokens reach the layer (FIFO by request time), and the
+  first ``warmup`` share of tokens is discarded.
+
+At vanishing load every token's latency equals the analytic one for its sampled sets, so the
+sample mean converges to T-bar; as load grows, waiting time at busy servers and backhauls adds.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from slimcaching.problem import Problem
+
+
+def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float = 1.0, seed: int = 0,
+                      warmup: float = 0.1) -> dict:
+    rng = np.random.default_rng(seed)
+    ni = problem.n_items
+    r = problem.remote_cost(x)
+    p_entry = problem.entry_weight / problem.entry_weight.sum()
+    total_rate = problem.total_rate * load
+    arrivals = np.cumsum(rng.exponential(1.0 / total_rate, size=tokens))
+    entry_of = rng.choice(len(p_entry), size=tokens, p=p_entry)
+    key = problem.row_entry * 100000 + problem.row_layer
+    starts = np.concatenate([[0], np.nonzero(np.diff(key))[0] + 1, [len(key)]])
+    blocks: dict[int, list[tuple[int, int]]] = {}
+    for b in range(len(starts) - 1):
+        blocks.setdefault(int(problem.row_entry[starts[b]]), []).append((int(starts[b]), int(starts[b + 1])))
+    # pre-draw each token's row per layer
+    token_rows: list[list[int]] = [[] for _ in range(tokens)]
+    for e, blist in blocks.items():
+        idx = np.nonzero(entry_of == e)[0]
+        if len(idx) == 0:
+            continue
+        for lo, hi in blist:
+            p = problem.row_prob[lo:hi]
+            picks = lo + rng.choice(hi - lo, size=len(idx), p=p / p.sum())
+            for t, row in zip(idx, picks):
+                token_rows[t].append(int(row))
+    sc = problem.scenario
+    n = problem.n_servers
+    server_free = np.zeros(n)
+    backhaul_free = np.zeros(n)
+    busy = np.zeros(n)
+    backhaul_busy = np.zeros(n)
+    bits = np.array([8.0 * m.hidden_bytes for m in sc.models])
+    backhaul_rate = np.array([s.cloud_rate_bps for s in sc.servers])
+    backhaul_rtt = np.array([s.cloud_rtt_s for s in sc.servers])
+    c_edge = problem.holder_cost - problem.server_exec[None, :, :]  # relay part c_{h,n}
+    latency = np.zeros(tokens)
+    heap = []
+    for t in range(tokens):
+        c, m = problem.entry_class[entry_of[t]], problem.entry_model[entry_of[t]]
+        heapq.heappush(heap, (arrivals[t] + problem.class_dense[c, m], t, 0))
+    while heap:
+        now, t, step = heapq.heappop(heap)
+        rows = token_rows[t]
+        if step >= len(rows):
+            latency[t] = now - arrivals[t]
+            continue
+        row = rows[step]
+        h = problem.row_home[row]
+        m = problem.row_model[row]
+        a = problem.row_access[row]
+        end = now + problem.row_local[row]
+        holders: dict[int, bool] = {}
+        cloud = False
+        for i in problem.row_items[row]:
+            if i >= ni:
+                continue
+            best = r[h, i]
+            if best >= problem.cloud_cost[h, m]:
+                cloud = True
+                continue
+            # the server achieving the best holder cost (lowest index among ties)
+            held = np.nonzero(x[:, i])[0]
+            costs = problem.holder_cost[h, held, m]
+            holders[int(held[int(np.argmin(costs))])] = True
+        for s in holders:
+            arrive = now + a / 2 + c_edge[h, s, m] / 2
+            start = max(arrive, server_free[s])
+            service = problem.server_exec[s, m]
+            server_free[s] = start + service
+            busy[s] += service
+            end = max(end, server_free[s] + c_edge[h, s, m] / 2 + a / 2)
+        if cloud:
+            arrive = now + a / 2
+            service = 2.0 * bits[m] / backhaul_rate[h]
+            start = max(arrive, backhaul_free[h])
+            backhaul_free[h] = start + service
+            backhaul_busy[h] += service
+            end = max(end, backhaul_free[h] + backhaul_rtt[h] + problem.cloud_exec[m] + a / 2)
+        heapq.heappush(heap, (end, t, step + 1))
+    keep = latency[int(warmup * tokens):]
+    horizon = float(arrivals[-1]) if tokens else 1.0
+    return {
+        "tokens": int(tokens), "load": float(load), "seed": int(seed),
+        "mean_token_latency_s": float(keep.mean()),
+        "standard_error_s": float(keep.std(ddof=1) / np.sqrt(len(keep))) if len(keep) > 1 else 0.0,
+        "p50_s": float(np.percentile(keep, 50)), "p95_s": float(np.percentile(keep, 95)),
+        "p99_s": float(np.percentile(keep, 99)),
+        "analytic_mean_token_latency_s": float(problem.objective(x)),
+        "server_utilisation": {s: float(busy[k] / horizon) for k, s in enumerate(problem.server_names)},
+        "backhaul_utilisation": {s: float(backhaul_busy[k] / horizon) for k, s in enumerate(problem.server_names)},
+    }
