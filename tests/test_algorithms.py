@@ -176,8 +176,42 @@ def test_group_tables_exact_against_subsets():
             assert vt.values[k] == pytest.approx(max(best, vt.values[k - 1] if k else 0.0), rel=1e-12)
         # beam search is a lower bound of the exact table, and equal on these small groups
         beam = value_table(gp, gp.n_candidates, 0.0, beam_width=64)
-        assert not beam.exact
+        assert not beam.exact and beam.method.startswith("beam")
         assert np.all(beam.values <= vt.values + 1e-15)
+        greedy = value_table(gp, gp.n_candidates, 0.0, beam_width=1)
+        assert greedy.method == "greedy+completions"
+        assert np.all(greedy.values <= vt.values + 1e-15)
+        # each approximate value is achieved by its recorded choice
+        for tab in (beam, greedy):
+            for k, chosen in enumerate(tab.choice):
+                m = np.isin(gp.experts, chosen)
+                assert len(chosen) <= k
+                assert gp.values(m[None, :])[0] == pytest.approx(tab.values[k], rel=1e-12, abs=1e-18)
+
+
+def test_row_groups_agree_with_pattern_tables(monkeypatch):
+    """Large-K groups are kept as rows; on small K both representations give the same values, and
+    the row greedy's table is a feasible lower bound of the exact one."""
+    import slimcaching.algorithms.slimcaching as sc_mod
+
+    problem = _problem(seed=12, servers=2, users=6, experts=6, top_k=3, layers=2, models=1, capacity_experts=6)
+    x = problem.empty_placement()
+    tables = list(server_groups(problem, x, 0))
+    monkeypatch.setattr(sc_mod, "ROW_GROUP_MIN_K", 0)
+    rows = list(sc_mod.server_groups(problem, x, 0))
+    assert len(rows) == len(tables)
+    rng = np.random.default_rng(0)
+    for (_, _, tg), (_, _, rg) in zip(tables, rows):
+        assert np.array_equal(tg.experts, rg.experts)
+        masks = rng.random((20, tg.n_candidates)) < 0.5
+        assert np.allclose(tg.values(masks), rg.values(masks), rtol=1e-12, atol=1e-18)
+        exact = value_table(tg, tg.n_candidates, 1e12)
+        approx = value_table(rg, rg.n_candidates, 1e12)
+        assert approx.method == "row-greedy+completions"
+        assert np.all(approx.values <= exact.values + 1e-15)
+        for k, chosen in enumerate(approx.choice):
+            m = np.isin(rg.experts, chosen)
+            assert rg.values(m[None, :])[0] == pytest.approx(approx.values[k], rel=1e-9, abs=1e-18)
 
 
 def test_maxplus_merge_matches_brute_force():

@@ -73,26 +73,209 @@ def build_group(items: np.ndarray, cand: np.ndarray, tables: np.ndarray) -> Grou
 
 
 @dataclass
+class RowGroup:
+    """A group kept as rows (no 2^K pattern tables): for large K. ``pos`` [R, K] candidate index per
+    position (E' where not a candidate), ``rc`` current remote costs, ``v`` cost via this server."""
+
+    experts: np.ndarray
+    pos: np.ndarray
+    rc: np.ndarray
+    v: np.ndarray
+    local: np.ndarray
+    access: np.ndarray
+    w: np.ndarray
+
+    @property
+    def n_candidates(self) -> int:
+        return len(self.experts)
+
+    def latency(self, in_y: np.ndarray) -> np.ndarray:
+        worst = np.where(in_y, self.v[..., None] if in_y.ndim == 2 else self.v[None, :, None], self.rc).max(axis=-1)
+        return np.maximum(self.local, self.access + worst)
+
+    def values(self, masks: np.ndarray) -> np.ndarray:
+        ext = np.zeros((masks.shape[0], self.n_candidates + 1), bool)
+        ext[:, :-1] = masks
+        old = self.latency(np.zeros(self.pos.shape, bool))
+        return ((old[None, :] - self.latency(ext[:, self.pos])) * self.w[None, :]).sum(axis=1)
+
+
+def build_row_group(items: np.ndarray, cand: np.ndarray, rc: np.ndarray, v: np.ndarray, local: np.ndarray,
+                    access: np.ndarray, w: np.ndarray) -> RowGroup:
+    experts = np.unique(items[cand])
+    pos = np.where(cand, np.searchsorted(experts, items), len(experts))
+    return RowGroup(experts, pos, rc, v, local, access, w)
+
+
+def _row_latency(group: RowGroup, rows: np.ndarray, in_y: np.ndarray) -> np.ndarray:
+    worst = np.where(in_y, group.v[rows, None], group.rc[rows]).max(axis=1)
+    return np.maximum(group.local[rows], group.access[rows] + worst)
+
+
+def _row_greedy_table(group: RowGroup, kmax: int, completions: int) -> ValueTable:
+    """Greedy with set completions on rows: a single expert helps a row only when it is the row's
+    unique costliest remote expert, so single gains come from the top-2 costs of every row (kept
+    per row and updated only for the rows a move touches); completing one of the heaviest rows
+    adds all its missing candidates at once."""
+    e = group.n_candidates
+    r, k = group.pos.shape
+    in_y = np.zeros((r, k), bool)
+    chosen = np.zeros(e + 1, bool)
+    lat0 = _row_latency(group, np.arange(r), in_y)
+    full = _row_latency(group, np.arange(r), group.pos < e)
+    heavy = np.argsort(-(group.w * (lat0 - full)), kind="stable")[: 4 * completions]
+    # CSR: candidate expert -> rows containing it
+    rr, jj = np.nonzero(group.pos < e)
+    cc = group.pos[rr, jj]
+    order = np.argsort(cc, kind="stable")
+    csr_rows = rr[order]
+    indptr = np.searchsorted(cc[order], np.arange(e + 1))
+    mark = np.zeros(r, bool)
+
+    def rows_of(experts) -> np.ndarray:
+        mark[:] = False
+        for c in experts:
+            mark[csr_rows[indptr[c]:indptr[c + 1]]] = True
+        return np.nonzero(mark)[0]
+
+    cur = lat0.copy()
+    gain_row = np.zeros(r)
+    cand_row = np.full(r, e)
+    karange = np.arange(k)
+
+    def refresh(rows: np.ndarray) -> None:
+        cost = np.where(in_y[rows], group.v[rows, None], group.rc[rows])
+        top = cost.argmax(axis=1)
+        m1 = cost[np.arange(len(rows)), top]
+        ties = (cost == m1[:, None]).sum(axis=1)
+        m2 = np.where(karange[None, :] == top[:, None], -np.inf, cost).max(axis=1)
+        cand = group.pos[rows, top]
+        ok = (ties == 1) & (cand < e) & ~in_y[rows, top]
+        cur[rows] = np.maximum(group.local[rows], group.access[rows] + m1)
+        new = np.maximum(group.local[rows], group.access[rows] + np.maximum(m2, group.v[rows]))
+        gain_row[rows] = np.where(ok, group.w[rows] * (cur[rows] - new), 0.0)
+        cand_row[rows] = np.where(ok, cand, e)
+
+    refresh(np.arange(r))
+    value = 0.0
+    best = np.full(kmax + 1, -np.inf)
+    masks: list = [None] * (kmax + 1)
+    best[0], masks[0] = 0.0, np.zeros(e, bool)
+    size = 0
+    while size < kmax:
+        single = np.bincount(cand_row, weights=gain_row, minlength=e + 1)
+        single[chosen] = -np.inf
+        j_best = int(np.argmax(single[:e]))
+        move, move_gain, move_size = [j_best], float(single[j_best]), 1
+        tried = 0
+        for h in heavy:
+            missing = sorted({int(c) for c in group.pos[h] if c < e and not chosen[c]})
+            if len(missing) < 2 or size + len(missing) > kmax:
+                continue
+            tried += 1
+            if tried > completions:
+                break
+            aff = rows_of(missing)
+            trial = chosen.copy()
+            trial[missing] = True
+            g = float((group.w[aff] * (cur[aff] - _row_latency(group, aff, trial[group.pos[aff]]))).sum())
+            if g / len(missing) > move_gain / move_size + 1e-18:
+                move, move_gain, move_size = missing, g, len(missing)
+        if move_gain <= 1e-18:
+            break
+        chosen[move] = True
+        aff = rows_of(move)
+        in_y[aff] = chosen[group.pos[aff]]
+        refresh(aff)
+        value += move_gain
+        size += move_size
+        best[size], masks[size] = value, chosen[:e].copy()
+    return _finish(best, masks, group, False, "row-greedy+completions")
+
+
+@dataclass
 class ValueTable:
     values: np.ndarray  # [kmax+1], non-decreasing, values[0] == 0
     choice: list[np.ndarray]  # choice[k]: global item ids achieving values[k] (|choice[k]| <= k)
     exact: bool
+    method: str = "exact"
 
 
 def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width: int = 16,
-                completions: int = 32) -> ValueTable:
-    """V(k) for k = 0..kmax: exact by enumeration when 2^E' * T * K <= exact_budget, else beam."""
+                completions: int = 32, beam_budget: float = 3e8) -> ValueTable:
+    """V(k) for k = 0..kmax.
+
+    Exact by enumeration when 2^E' * T * K <= ``exact_budget``; otherwise a beam search of width
+    ``beam_width`` when its estimated work kmax * width * (E' + completions) * T * K is at most
+    ``beam_budget`` (and width > 1); otherwise an incremental greedy with set completions. Only the
+    exact tables are labelled exact."""
     e = group.n_candidates
     kmax = min(kmax, e)
     if e == 0 or kmax == 0:
         return ValueTable(np.zeros(1), [np.zeros(0, np.int64)], True)
-    work = (2.0**e) * len(group.keys) * group.keys.shape[1]
+    if isinstance(group, RowGroup):
+        return _row_greedy_table(group, kmax, min(completions, 8))
+    t, k = group.keys.shape
+    work = (2.0**e) * t * k
     if e <= 24 and work <= exact_budget:
         return _exact_table(group, kmax)
-    return _beam_table(group, kmax, beam_width, completions)
+    beam_work = float(kmax) * beam_width * (e + completions) * t * k
+    if beam_width > 1 and beam_work <= beam_budget:
+        return _beam_table(group, kmax, beam_width, completions)
+    return _greedy_table(group, kmax, completions)
 
 
-def _finish(best: np.ndarray, masks: list, group: GroupProblem, exact: bool) -> ValueTable:
+def _greedy_table(group: GroupProblem, kmax: int, completions: int) -> ValueTable:
+    """Incremental greedy over subsets: at each step add the single expert or the completion of one
+    of the heaviest co-activation keys with the best gain per added expert. Single-expert gains are
+    updated from the per-key pattern tables in O(T K) per step."""
+    e = group.n_candidates
+    t, k = group.keys.shape
+    keys, gains = group.keys, group.gains
+    valid = keys < e
+    bit = (1 << np.arange(k))[None, :]
+    full = (valid * bit).sum(axis=1)
+    heavy = np.argsort(-gains[np.arange(t), full], kind="stable")[:completions]
+    mask = np.zeros(e + 1, bool)
+    pat = np.zeros(t, np.int64)
+    value = 0.0
+    rows = np.arange(t)
+    best = np.full(kmax + 1, -np.inf)
+    masks: list = [None] * (kmax + 1)
+    best[0], masks[0] = 0.0, np.zeros(e, bool)
+    size = 0
+    while size < kmax:
+        cur = gains[rows, pat]
+        single = np.zeros(e + 1)
+        for j in range(k):
+            unset = valid[:, j] & ((pat >> j) & 1 == 0)
+            delta = np.where(unset, gains[rows, pat | (1 << j)] - cur, 0.0)
+            single += np.bincount(keys[:, j], weights=delta, minlength=e + 1)
+        single[mask] = -np.inf
+        single[e] = -np.inf
+        j_best = int(np.argmax(single))
+        move, move_gain, move_size = [j_best], float(single[j_best]), 1
+        for h in heavy:
+            missing = [int(c) for c in keys[h] if c < e and not mask[c]]
+            if len(missing) < 2 or size + len(missing) > kmax:
+                continue
+            trial = mask[:e].copy()
+            trial[missing] = True
+            g = float(group.values(trial[None, :])[0]) - value
+            if g / len(missing) > move_gain / move_size + 1e-18:
+                move, move_gain, move_size = missing, g, len(missing)
+        if move_gain <= 1e-18:
+            break
+        mask[move] = True
+        size += move_size
+        ext = mask[keys]  # [T, K]
+        pat = (ext * bit).sum(axis=1)
+        value = float(gains[rows, pat].sum())
+        best[size], masks[size] = value, mask[:e].copy()
+    return _finish(best, masks, group, False, "greedy+completions")
+
+
+def _finish(best: np.ndarray, masks: list, group: GroupProblem, exact: bool, method: str = "exact") -> ValueTable:
     values = np.zeros(len(best))
     choice = []
     cur_v, cur_m = 0.0, np.zeros(group.n_candidates, bool)
@@ -101,7 +284,7 @@ def _finish(best: np.ndarray, masks: list, group: GroupProblem, exact: bool) -> 
             cur_v, cur_m = best[k], masks[k]
         values[k] = cur_v
         choice.append(group.experts[np.nonzero(cur_m)[0]])
-    return ValueTable(values, choice, exact)
+    return ValueTable(values, choice, exact, method)
 
 
 def _exact_table(group: GroupProblem, kmax: int) -> ValueTable:
@@ -179,7 +362,7 @@ def _beam_table(group: GroupProblem, kmax: int, width: int, completions: int) ->
             best[k], masks[k] = level_vals[k][j], level_masks[k][j]
     best[0] = 0.0
     masks[0] = np.zeros(e, bool)
-    return _finish(best, masks, group, False)
+    return _finish(best, masks, group, False, f"beam(width={width})")
 
 
 # ---------------------------------------------------------------------------------------------

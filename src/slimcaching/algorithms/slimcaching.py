@@ -33,6 +33,7 @@ import numpy as np
 from slimcaching.algorithms import register
 from slimcaching.algorithms._tables import (
     build_group,
+    build_row_group,
     capacity_units,
     knapsack,
     maxplus_merge,
@@ -41,6 +42,8 @@ from slimcaching.algorithms._tables import (
 )
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
+
+ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (greedy tables)
 
 
 def server_order(problem: Problem, order: str | list | None) -> list[int]:
@@ -68,41 +71,45 @@ def server_order(problem: Problem, order: str | list | None) -> list[int]:
 def server_groups(problem: Problem, x: np.ndarray, n: int):
     """Group problems of server n with the other servers' caches fixed as in ``x`` (x[n] ignored).
 
-    Yields (model index, layer, GroupProblem)."""
+    Yields (model index, layer, group): pattern tables for models with K <= ROW_GROUP_MIN_K,
+    otherwise the rows themselves (2^K tables would be too large)."""
     y = x.copy()
     y[n] = False
     r = problem.remote_cost(y)
-    v = problem.holder_cost[problem.row_home, n, problem.row_model]  # [R]
-    rc = r[problem.row_home[:, None], problem.row_items]  # [R, K], -inf at the sentinel
-    cand = rc > v[:, None]
-    active = np.nonzero(cand.any(axis=1))[0]
+    v_all = problem.holder_cost[problem.row_home, n, problem.row_model]  # [R]
+    rc_all = r[problem.row_home[:, None], problem.row_items]  # [R, Kmax], -inf at the sentinel
+    cand_all = rc_all > v_all[:, None]
+    active = np.nonzero(cand_all.any(axis=1))[0]
     if len(active) == 0:
         return
-    rc, cand, v = rc[active], cand[active], v[active]
-    local = problem.row_local[active]
-    access = problem.row_access[active]
-    w = problem.row_weight[active]
-    items = problem.row_items[active]
-    kmax = items.shape[1]
-    bits = pattern_bits(kmax)  # [P, K]
-    old = np.maximum(local, access + rc.max(axis=1))
-    worst = np.full((len(active), len(bits)), -np.inf)
-    for j in range(kmax):
-        val = np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None])
-        worst = np.maximum(worst, val)
-    new = np.maximum(local[:, None], access[:, None] + worst)
-    tables = w[:, None] * (old[:, None] - new)
-    gid = problem.row_model[active] * 100000 + problem.row_layer[active]
-    if np.all(np.diff(gid) >= 0):  # compact problems are sorted by (model, layer) already
-        order = np.arange(len(gid))
-    else:
-        order = np.argsort(gid, kind="stable")
-    gid_sorted = gid[order]
-    bounds = np.concatenate([[0], np.nonzero(np.diff(gid_sorted))[0] + 1, [len(order)]])
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        sel = order[a:b]
-        g = int(gid_sorted[a])
-        yield g // 100000, g % 100000, build_group(items[sel], cand[sel], tables[sel])
+    models = problem.row_model[active]
+    for m in np.unique(models):
+        sel_m = active[models == m]
+        k = problem.scenario.models[m].top_k
+        rc, cand, v = rc_all[sel_m, :k], cand_all[sel_m, :k], v_all[sel_m]
+        local, access, w = problem.row_local[sel_m], problem.row_access[sel_m], problem.row_weight[sel_m]
+        items = problem.row_items[sel_m, :k]
+        layer = problem.row_layer[sel_m]
+        order = np.argsort(layer, kind="stable")
+        ls = layer[order]
+        bounds = np.concatenate([[0], np.nonzero(np.diff(ls))[0] + 1, [len(order)]])
+        if k > ROW_GROUP_MIN_K:
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                sel = order[a:b]
+                yield int(m), int(ls[a]), build_row_group(items[sel], cand[sel], rc[sel], v[sel], local[sel],
+                                                          access[sel], w[sel])
+            continue
+        bits = pattern_bits(k)  # [P, K]
+        old = np.maximum(local, access + rc.max(axis=1))
+        worst = np.full((len(sel_m), len(bits)), -np.inf)
+        for j in range(k):
+            val = np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None])
+            worst = np.maximum(worst, val)
+        new = np.maximum(local[:, None], access[:, None] + worst)
+        tables = w[:, None] * (old[:, None] - new)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            sel = order[a:b]
+            yield int(m), int(ls[a]), build_group(items[sel], cand[sel], tables[sel])
 
 
 def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budget: float,
@@ -118,6 +125,8 @@ def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budg
     for (m, _layer, gp), s in zip(groups, sizes):
         kmax = int(min(problem.scenario.models[m].experts, np.floor(cap / s + 1e-9)))
         vt = value_table(gp, kmax, exact_budget, beam_width=beam_width, completions=32 if not fast else 8)
+        methods = stats.setdefault("methods", {})
+        methods[_method(vt, beam_width)] = methods.get(_method(vt, beam_width), 0) + 1
         tables.append(vt)
         stats["groups"] += 1
         stats["exact_groups"] += int(vt.exact)
@@ -148,10 +157,14 @@ def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budg
     return chosen
 
 
+def _method(vt, beam_width: int) -> str:
+    return "exact" if vt.exact else vt.method
+
+
 def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
                 max_units: int) -> Placement:
     x = problem.empty_placement()
-    stats = {"groups": 0, "exact_groups": 0, "exact_units": True}
+    stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}}
     seq = server_order(problem, order)
     history = []
     for p in range(max(1, passes)):
@@ -165,8 +178,9 @@ def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: 
     params = {
         "order": [problem.server_names[s] for s in seq],
         "value_tables": ("exact (enumeration)" if stats["exact_groups"] == stats["groups"] else
-                         f"exact for {stats['exact_groups']} of {stats['groups']} group tables, "
-                         f"beam search (width {beam_width if not fast else 1}) for the rest"),
+                         f"exact for {stats['exact_groups']} of {stats['groups']} group tables; approximate "
+                         "for the rest: " + ", ".join(f"{m} {c}" for m, c in sorted(stats["methods"].items())
+                                                      if m != "exact")),
         "capacity_grid": "exact (gcd of sizes)" if stats["exact_units"] else f"rounded up, {max_units} units",
         "objective_per_pass_s": history,
     }
