@@ -5,6 +5,7 @@ Sections (each optional with --only):
   users    500 -> 5,000 users on 5 servers, the three default models
   servers  5 -> 50 servers, 100 users per server
   large    the large presets (DeepSeek-V2-Lite, OLMoE-1B-7B, Qwen3-30B-A3B)
+  exact    the MILP's time to optimality on small generated scenarios, against slimcaching
 Fitted exponents are least-squares slopes of log(time) against log(size).
 
 Run: python benchmarks/bench_solve.py [--only default,users,servers,large] [--json OUT]
@@ -54,7 +55,7 @@ def slope(xs, ys) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="default,users,servers,large")
+    ap.add_argument("--only", default="default,users,servers,large,exact")
     ap.add_argument("--json")
     ap.add_argument("--algos", default=",".join(FAST_ALGOS))
     args = ap.parse_args()
@@ -73,6 +74,12 @@ def main() -> None:
         rows += run(generate_scenario_dict(models=("deepseek-v2-lite", "olmoe-1b-7b", "qwen3-30b-a3b"),
                                            capacity="10 GB", local_cache="1 GB", profile_tokens=1000),
                     algos, "large presets")
+    if "exact" in parts:
+        for servers, users in ((2, 6), (3, 10), (3, 20), (4, 30)):
+            data = generate_scenario_dict(servers=servers, users=users, profile_tokens=100, capacity="1 GB",
+                                          models=("switch-base-8", "moe-llava-stablelm"))
+            rows += run(data, ["slimcaching", "slimcaching-fast", "greedy"], f"exact {servers}x{users}",
+                        exact_limit=300)
     fits = {}
     for key, prefix in (("users", "users="), ("servers", "servers=")):
         for a in algos:

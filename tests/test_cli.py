@@ -90,3 +90,35 @@ def test_bad_placement_file(tmp_path, tiny, capsys):
                                 "edge": {"s0": [["m0", 0, e] for e in range(4)]}}))
     assert main(["evaluate", str(tiny), str(over)]) == 2
     assert "capacity" in capsys.readouterr().err
+
+
+def test_profile_from_trace_cli(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    trace = np.sort(np.stack([rng.choice(6, size=2, replace=False) for _ in range(300 * 3)]).reshape(300, 3, 2),
+                    axis=2)
+    np.save(tmp_path / "t.npy", trace)
+    out = tmp_path / "p.json"
+    assert main(["profile-from-trace", str(tmp_path / "t.npy"), "--model", "m", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "m" and len(data["layers"]) == 3
+    assert sum(data["layers"][0]["probs"]) == pytest.approx(1.0)
+    np.save(tmp_path / "bad.npy", np.zeros((3, 3)))
+    assert main(["profile-from-trace", str(tmp_path / "bad.npy"), "--model", "m", "-o", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_experiment_all_quick_cli(tmp_path):
+    """The smoke version of every experiment, as CI runs it, then the HTML report."""
+    out = tmp_path / "res"
+    assert main(["experiment", "all", "--quick", "--seeds", "1", "--out", str(out), "--workers", "2"]) == 0
+    from slimcaching.experiments import EXPERIMENTS
+
+    for name in EXPERIMENTS:
+        for ext in ("csv", "png", "svg", "md"):
+            assert (out / f"{name}.{ext}").exists(), (name, ext)
+        assert "error" not in (out / f"{name}.md").read_text().lower() or "Failed points" not in (
+            out / f"{name}.md").read_text()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.html").stat().st_size > 10_000

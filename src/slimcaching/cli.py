@@ -212,7 +212,7 @@ def simulate(
 def demo(
     scenario: ScenarioArg = "default",
     algorithms: Annotated[str, typer.Option(help="Comma-separated algorithm names, or 'all'.")] = "all",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 30.0,
 ) -> None:
     """Run every algorithm on a scenario and print a comparison table."""
     from rich.progress import Progress
@@ -242,7 +242,15 @@ def demo(
             lat = placement_latency(problem, pl)
             note = ""
             if name == "exact":
-                note = f"{pl.info.get('status')}; bound {pl.info.get('bound_s', float('nan')) * 1e3:.3f} ms"
+                bound = pl.info.get("bound_s")
+                btxt = f"lower bound {bound * 1e3:.3f} ms" if bound is not None else "no bound yet"
+                if pl.info.get("optimal"):
+                    note = "optimal"
+                elif "objective_s" in pl.info:
+                    note = f"{pl.info.get('status')}: best found, not proven optimal; {btxt}"
+                else:
+                    note = f"{pl.info.get('status')}: no solution in {time_limit:g} s; {btxt}"
+                    lat = None
             rows.append((name, lat, pl.solve_seconds, note))
             progress.advance(task)
     ref = next((r[1] for r in rows if r[0] == "none"), None)
@@ -254,7 +262,7 @@ def demo(
               title="mean per-token latency (lower is better)")
     for name, lat, secs, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0)):
         if lat is None:
-            t.add_row(name, "-", "-", "-", note)
+            t.add_row(name, "-", "-", f"{secs:.2f}" if secs is not None else "-", note)
         else:
             t.add_row(name, f"{lat * 1e3:.3f}", f"{(ref - lat) / ref:.1%}", f"{secs:.2f}", note)
     out.print(t)
@@ -434,6 +442,44 @@ def profile(
     prof.save(output)
     console.print(f"{tr.meta['family']}: {len(tr.layer_names)} MoE layers, E={tr.num_experts}, K={tr.top_k}, "
                   f"{tr.meta['prefill_tokens']} prefill tokens; wrote {output} and {trace_path}")
+
+
+@app.command("profile-from-trace")
+def profile_from_trace_cmd(
+    trace_file: Annotated[Path, typer.Argument(help="Routing trace: .npy (tokens x layers x K expert ids) or a "
+                                               "slimcaching .trace.npz.")],
+    model: Annotated[str, typer.Option("--model", help="Model name for the profile.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
+) -> None:
+    """Count a raw routing trace into a co-activation profile."""
+    import numpy as np
+
+    from slimcaching.profiles import profile_from_trace
+
+    if output.suffix not in (".json", ".npz"):
+        raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
+    if not trace_file.is_file():
+        raise ScenarioError("trace", "file not found", str(trace_file))
+    if trace_file.suffix == ".npy":
+        try:
+            arr = np.load(trace_file, allow_pickle=False)
+        except ValueError as exc:
+            raise ScenarioError("trace", f"not a numpy array file ({exc})", str(trace_file)) from None
+        if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer):
+            raise ScenarioError("trace", "expected an integer array of shape (tokens, layers, K)",
+                                getattr(arr, "shape", None))
+        prof = profile_from_trace(arr, model, {"source": trace_file.name})
+    elif trace_file.suffix == ".npz":
+        from slimcaching.hf import RoutingTrace
+
+        try:
+            prof = RoutingTrace.load(trace_file).to_profile(model)
+        except KeyError as exc:
+            raise ScenarioError("trace", f"not a slimcaching routing trace (missing {exc})", str(trace_file)) from None
+    else:
+        raise ScenarioError("trace", "expected a .npy or .npz file", str(trace_file))
+    prof.save(output)
+    console.print(f"wrote {output}: {len(prof.layers)} layers, K={prof.layers[0].sets.shape[1]}")
 
 
 @app.command("profile-stats")

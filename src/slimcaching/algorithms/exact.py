@@ -127,6 +127,9 @@ def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_r
     info: dict = {"status": status, "message": res.message, "variables": int(len(c)),
                   "constraints": int(a.shape[0])}
     x = problem.empty_placement()
+    bound = getattr(res, "mip_dual_bound", None)
+    if not relax and bound is not None and np.isfinite(bound):
+        info["bound_s"] = float(bound + const)
     if res.x is not None:
         if relax:
             info["lp_bound_s"] = float(res.fun + const)
@@ -134,8 +137,6 @@ def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_r
         else:
             x = res.x[:nx].reshape(problem.n_servers, problem.n_items) > 0.5
             info["objective_s"] = float(problem.objective(x))
-            bound = getattr(res, "mip_dual_bound", None)
-            info["bound_s"] = float(bound + const) if bound is not None and np.isfinite(bound) else None
             gap = getattr(res, "mip_gap", None)
             info["gap"] = float(gap) if gap is not None else None
     info["optimal"] = bool(status == "optimal" and not relax)
