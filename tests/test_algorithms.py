@@ -267,3 +267,29 @@ def test_every_registered_name_has_a_docstring_and_summary():
     for n in ALL:
         spec = get_algorithm(n)
         assert spec.fn.__doc__ and spec.summary
+
+
+def test_co_activation_local_caches_are_optimal_without_edge():
+    """With no edge caching the co-activation-aware device cache is exact (small groups), so it is at
+    least as good as lfu, and equal to brute force over one user's caches."""
+    from slimcaching.algorithms.co_local import co_activation_local_caches
+
+    for seed in range(4):
+        d = tiny_scenario_dict(seed=seed, servers=2, users=1, experts=4, top_k=2, layers=2, models=1,
+                               local_experts=2)
+        sc = resolve_scenario(d)
+        co = co_activation_local_caches(sc)
+        lfu_p = build_problem(sc)
+        co_p = build_problem(co)
+        u = co.users[0]
+        assert len(u.local_cache) * sc.models[0].expert_bytes <= u.cache_bytes
+        t_co = co_p.objective(co_p.empty_placement())
+        assert t_co <= lfu_p.objective(lfu_p.empty_placement()) + 1e-15
+        best = np.inf
+        keys = [(sc.models[0].name, layer, e) for layer in range(2) for e in range(4)]
+        for combo in itertools.chain.from_iterable(itertools.combinations(keys, r) for r in range(3)):
+            trial = sc.with_local_caches()
+            trial.users[0].local_cache = list(combo)
+            p = build_problem(trial)
+            best = min(best, p.objective(p.empty_placement()))
+        assert t_co == pytest.approx(best, rel=1e-12)
