@@ -49,7 +49,7 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=150)
+    fig, ax = plt.subplots(figsize=(7.6, 4.2), dpi=150)
     for a in list(exp.algorithms) + [k for k in agg if k not in exp.algorithms]:
         if a not in agg:
             continue
@@ -65,7 +65,7 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
     ax.set_ylabel(exp.ylabel)
     ax.set_title(f"{exp.name}: {exp.ylabel.split(' (')[0]} (mean, 95% CI over seeds)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     paths = [out / f"{exp.name}.png", out / f"{exp.name}.svg"]
     for p in paths:
