@@ -131,3 +131,28 @@ def test_queueing_matches_analytic_at_low_load_and_grows_with_load():
     high = simulate_queueing(problem, x, 20000, load=2000.0, seed=1)
     assert high["mean_token_latency_s"] > low["mean_token_latency_s"] * 1.05
     assert max(high["server_utilisation"].values()) > max(low["server_utilisation"].values())
+
+
+def test_trace_replay_matches_analytic_on_the_trace_profile(tmp_path):
+    """Replaying a trace gives, on average, the analytic latency of the profile counted from it."""
+    from slimcaching.cli import main
+    from slimcaching.profiles import profile_from_trace
+    from slimcaching.simulate import replay_trace
+
+    d = tiny_scenario_dict(seed=6, servers=2, users=1, experts=5, top_k=2, layers=3, models=1, local_experts=1)
+    rng = np.random.default_rng(0)
+    trace = np.sort(np.stack([rng.choice(5, size=2, replace=False, p=[0.4, 0.3, 0.1, 0.1, 0.1])
+                              for _ in range(400 * 3)]).reshape(400, 3, 2), axis=2)
+    d["profiles"] = {"tr": profile_from_trace(trace, "m0").to_dict()}
+    d["users"][0]["workload"] = [{"model": "m0", "weight": 1.0, "profile": "tr"}]
+    problem = build_problem(resolve_scenario(d))
+    x = solve(problem, "slimcaching").x
+    res = replay_trace(problem, x, trace, "u0", "m0")
+    assert res["mean_token_latency_s"] == pytest.approx(problem.objective(x), rel=1e-12)
+    np.save(tmp_path / "t.npy", trace)
+    (tmp_path / "s.json").write_text(json.dumps(d))
+    assert main(["solve", str(tmp_path / "s.json"), "-a", "lfu", "-o", str(tmp_path / "p.json")]) == 0
+    assert main(["simulate", str(tmp_path / "s.json"), str(tmp_path / "p.json"), "--trace", str(tmp_path / "t.npy"),
+                 "--model", "m0", "--json"]) == 0
+    assert main(["simulate", str(tmp_path / "s.json"), str(tmp_path / "p.json"), "--trace", str(tmp_path / "t.npy"),
+                 "--model", "zz"]) == 2

@@ -167,9 +167,13 @@ def simulate(
                                            "(see docs/model.md for the assumptions).")] = False,
     load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every user's "
                                         "token rate.")] = 1.0,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Replay a routing trace (.npy tokens x layers x "
+                                               "K, or a profile .trace.npz) instead of drawing tokens.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="With --trace: the user it is served to.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="With --trace: the model it belongs to.")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Token-level Monte Carlo simulation of a placement."""
+    """Token-level Monte Carlo simulation of a placement (or replay of a routing trace)."""
     from slimcaching.evaluation import problem_for
     from slimcaching.placement import load_placement
     from slimcaching.problem import build_problem
@@ -181,6 +185,23 @@ def simulate(
     problem = problem_for(sc, pl) if pl.local else base
     if pl.latency_model != "slimcaching":
         raise ScenarioError("placement.latency_model", "simulate supports 'slimcaching' placements", pl.latency_model)
+    if trace is not None:
+        from slimcaching.simulate import load_trace_array, replay_trace
+
+        arr = load_trace_array(trace)
+        if model is None:
+            raise ScenarioError("--model", "needed with --trace (the scenario model the trace belongs to)")
+        if user is None:
+            user = next((u.name for u in sc.users if any(w.model == model for w in u.workload)), None)
+            if user is None:
+                raise ScenarioError("--model", "no user requests this model; name one with --user", model)
+        res = replay_trace(problem, pl.x, arr, user, model)
+        if as_json:
+            sys.stdout.write(json.dumps(res) + "\n")
+            return
+        out.print(f"replayed {res['tokens']} tokens of {model} for {user}: mean {res['mean_token_latency_s'] * 1e3:.3f}"
+                  f" ms; p50 {res['p50_s'] * 1e3:.3f}, p95 {res['p95_s'] * 1e3:.3f}, p99 {res['p99_s'] * 1e3:.3f} ms")
+        return
     if queueing:
         from slimcaching.queueing import simulate_queueing
 

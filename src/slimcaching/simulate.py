@@ -61,3 +61,80 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0)
         "share_edge_only": float(share[1]),
         "share_needs_cloud": float(share[2]),
     }
+
+
+def load_trace_array(path) -> np.ndarray:
+    """A routing trace as an int array (tokens, layers, K): ``.npy``, or a ``slimcaching profile``
+    ``.trace.npz`` whose layers all saw the same tokens (decoder-only models)."""
+    from pathlib import Path
+
+    from slimcaching.errors import ScenarioError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError("--trace", "file not found", str(path))
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise ScenarioError("--trace", f"not a numpy array file ({exc})", str(path)) from None
+    elif path.suffix == ".npz":
+        from slimcaching.hf import RoutingTrace
+
+        try:
+            tr = RoutingTrace.load(path)
+        except KeyError as exc:
+            raise ScenarioError("--trace", f"not a slimcaching routing trace (missing {exc})", str(path)) from None
+        lengths = {len(e) for e in tr.experts}
+        if len(lengths) != 1:
+            raise ScenarioError("--trace", "its layers saw different tokens (encoder-decoder?): cannot replay "
+                                "token by token", sorted(lengths))
+        arr = np.stack(tr.experts, axis=1)
+    else:
+        raise ScenarioError("--trace", "expected a .npy or .trace.npz file", str(path))
+    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer) or arr.shape[0] == 0:
+        raise ScenarioError("--trace", "expected integer expert ids of shape (tokens, layers, K)", arr.shape)
+    return arr.astype(np.int64)
+
+
+def replay_trace(problem: Problem, x: np.ndarray, trace: np.ndarray, user: str, model: str) -> dict:
+    """Latency of every token of a routing trace, served to ``user`` on ``model`` under placement x."""
+    from slimcaching.errors import ScenarioError
+
+    sc = problem.scenario
+    names = [u.name for u in sc.users]
+    if user not in names:
+        raise ScenarioError("--user", "unknown user", user)
+    if model not in problem.model_names:
+        raise ScenarioError("--model", "unknown model", model)
+    mi = problem.model_names.index(model)
+    m = sc.models[mi]
+    if trace.shape[1] != m.layers or trace.shape[2] != m.top_k:
+        raise ScenarioError("--trace", f"shape (tokens, layers, K) must match {model}: layers={m.layers}, "
+                            f"K={m.top_k}", list(trace.shape))
+    if trace.min() < 0 or trace.max() >= m.experts:
+        raise ScenarioError("--trace", f"expert ids must be in 0..{m.experts - 1}", int(trace.max()))
+    ui = names.index(user)
+    c = next(k for k, members in enumerate(problem.class_users) if ui in members)
+    h = problem.class_home[c]
+    r, src_cloud = problem.remote_cost(x, return_source=True)
+    items = problem.model_offset[mi] + np.arange(m.layers)[None, :, None] * m.experts + trace  # [T, L, K]
+    local = problem.class_local[c][items]
+    remote_cost = np.where(local, -np.inf, r[h][items])
+    worst = remote_cost.max(axis=2)
+    any_local = local.any(axis=2)
+    any_remote = ~local.all(axis=2)
+    layer = np.maximum(np.where(any_local, problem.class_local_exec[c, mi], 0.0),
+                       np.where(any_remote, problem.class_access[c, mi] + worst, 0.0))
+    lat = problem.class_dense[c, mi] + layer.sum(axis=1)
+    cloud = (src_cloud[h][items] & ~local).any(axis=2)
+    return {
+        "tokens": int(len(lat)), "user": user, "model": model,
+        "mean_token_latency_s": float(lat.mean()),
+        "standard_error_s": float(lat.std(ddof=1) / np.sqrt(len(lat))) if len(lat) > 1 else 0.0,
+        "p50_s": float(np.percentile(lat, 50)), "p95_s": float(np.percentile(lat, 95)),
+        "p99_s": float(np.percentile(lat, 99)), "max_s": float(lat.max()),
+        "share_all_local": float((~any_remote).mean()),
+        "share_edge_only": float((any_remote & ~cloud).mean()),
+        "share_needs_cloud": float(cloud.mean()),
+    }
