@@ -122,3 +122,18 @@ def test_experiment_all_quick_cli(tmp_path):
             out / f"{name}.md").read_text()
     assert main(["report", str(out)]) == 0
     assert (out / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv", [["solve", "--bogus"], ["nonsense"], ["simulate", "default"],
+                                  ["scenario", "new", "--servers", "many", "-o", "x.yaml"]])
+def test_usage_errors_exit_2_without_traceback(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    assert "solve" in capsys.readouterr().out

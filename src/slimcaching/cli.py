@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -592,20 +591,17 @@ def list_presets() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status. Usage errors are reported by typer (exit 2); a
+    ScenarioError (any invalid input) becomes one line on stderr and exit 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="slimcaching")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except ScenarioError as exc:
         from rich.markup import escape
 
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        console.print("aborted")
-        return 130
-    except click.ClickException as exc:
-        exc.show()
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")
