@@ -278,8 +278,12 @@ def demo(
         from slimcaching.algorithms import solve as _s
 
         ref = problem.objective(_s(problem, "none").x)
-    t = Table("algorithm", "latency ms/token", "reduction vs none", "solve s", "note",
-              title="mean per-token latency (lower is better)")
+    t = Table(title="mean per-token latency (lower is better)")
+    t.add_column("algorithm", no_wrap=True)
+    t.add_column("ms/token", justify="right", no_wrap=True)
+    t.add_column("vs none", justify="right", no_wrap=True)
+    t.add_column("solve s", justify="right", no_wrap=True)
+    t.add_column("note")
     for name, lat, secs, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0)):
         if lat is None:
             t.add_row(name, "-", "-", f"{secs:.2f}" if secs is not None else "-", note)
