@@ -119,12 +119,8 @@ def _router_hooks(model, captured):
     return handles
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_recorded_experts_equal_router_choice_token_by_token(family, tmp_path, monkeypatch):
-    d = tmp_path / family
-    _build(family, d)
-    prompts = tmp_path / "p.txt"
-    _prompts(prompts, n=3)
+def _profile_with_router_hooks(monkeypatch, model_dir, prompts, generate):
+    """Profile with batch size 1 while independent hooks capture every router's own output."""
     captured: dict = {}
     real_load = hf.load_model
 
@@ -134,7 +130,17 @@ def test_recorded_experts_equal_router_choice_token_by_token(family, tmp_path, m
         return model, cfg
 
     monkeypatch.setattr(hf, "load_model", load_with_hooks)
-    trace = hf.profile_model(str(d), hf.read_prompts(prompts), batch_size=1, generate=2)
+    trace = hf.profile_model(str(model_dir), hf.read_prompts(prompts), batch_size=1, generate=generate)
+    return trace, captured
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recorded_experts_equal_router_choice_token_by_token(family, tmp_path, monkeypatch):
+    d = tmp_path / family
+    _build(family, d)
+    prompts = tmp_path / "p.txt"
+    _prompts(prompts, n=3)
+    trace, captured = _profile_with_router_hooks(monkeypatch, d, prompts, generate=2)
     assert trace.meta["family"] == hf.FAMILIES[family]
     assert len(trace.layer_names) == len(captured) > 0
     deepseek = family.startswith("deepseek")
@@ -244,16 +250,7 @@ def test_qwen3_vl_moe_with_images(tmp_path, monkeypatch):
     Image.fromarray((np.random.default_rng(0).random((56, 56, 3)) * 255).astype("uint8")).save(img)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"text": "w1 w2 w3", "image": str(img)}) + "\n" + json.dumps({"text": "w4"}) + "\n")
-    captured: dict = {}
-    real_load = hf.load_model
-
-    def load_with_hooks(*a, **k):
-        model, cfg = real_load(*a, **k)
-        _router_hooks(model, captured)
-        return model, cfg
-
-    monkeypatch.setattr(hf, "load_model", load_with_hooks)
-    trace = hf.profile_model(str(d), hf.read_prompts(prompts), batch_size=1, generate=1)
+    trace, captured = _profile_with_router_hooks(monkeypatch, d, prompts, generate=1)
     # 56x56 image -> 4x4 patches -> 4 image tokens after 2x2 merge, + 2 markers + 3 words; second prompt 1 word
     assert trace.meta["prefill_tokens"] == (4 + 2 + 3) + 1
     for li in range(len(trace.layer_names)):

@@ -476,8 +476,6 @@ def profile_from_trace_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
 ) -> None:
     """Count a raw routing trace into a co-activation profile."""
-    import numpy as np
-
     from slimcaching.profiles import profile_from_trace
 
     if output.suffix not in (".json", ".npz"):
@@ -485,14 +483,9 @@ def profile_from_trace_cmd(
     if not trace_file.is_file():
         raise ScenarioError("trace", "file not found", str(trace_file))
     if trace_file.suffix == ".npy":
-        try:
-            arr = np.load(trace_file, allow_pickle=False)
-        except ValueError as exc:
-            raise ScenarioError("trace", f"not a numpy array file ({exc})", str(trace_file)) from None
-        if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer):
-            raise ScenarioError("trace", "expected an integer array of shape (tokens, layers, K)",
-                                getattr(arr, "shape", None))
-        prof = profile_from_trace(arr, model, {"source": trace_file.name})
+        from slimcaching.simulate import load_trace_array
+
+        prof = profile_from_trace(load_trace_array(trace_file), model, {"source": trace_file.name})
     elif trace_file.suffix == ".npz":
         from slimcaching.hf import RoutingTrace
 
