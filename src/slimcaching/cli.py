@@ -140,7 +140,8 @@ def evaluate(
     out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms "
               f"({pl.algorithm}); layer visits: {result['share_all_local']:.1%} all-local, "
               f"{result['share_edge_only']:.1%} edge only, {result['share_needs_cloud']:.1%} need the cloud; "
-              f"access link {result['access_bytes_per_token'] / 1e3:.1f} kB/token")
+              f"access link {result['access_bytes_per_token'] / 1e3:.1f} kB/token, backhaul "
+              f"{result['backhaul_bytes_per_token'] / 1e3:.1f} kB/token")
     t = Table("model", "latency ms", "all-local", "edge only", "cloud", "kB/token")
     for name, d in result["per_model"].items():
         t.add_row(name, f"{d['mean_token_latency_s'] * 1e3:.3f}", f"{d['share_all_local']:.1%}",

@@ -78,6 +78,7 @@ def breakdown(problem: Problem, x: np.ndarray) -> dict:
     share_cloud = per(needs_cloud.astype(float)) / layers
     hidden = np.array([m.hidden_bytes for m in problem.scenario.models])
     access_bytes = per(any_remote.astype(float)) * 2.0 * hidden
+    backhaul_bytes = per(needs_cloud.astype(float)) * 2.0 * hidden  # home <-> cloud, once per layer
     total = float(problem.row_weight @ lat + problem.dense_term)
     users = []
     sc = problem.scenario
@@ -95,6 +96,7 @@ def breakdown(problem: Problem, x: np.ndarray) -> dict:
                     "share_edge_only": float(share_edge[c, mi]),
                     "share_needs_cloud": float(share_cloud[c, mi]),
                     "access_bytes_per_token": float(access_bytes[c, mi]),
+                    "backhaul_bytes_per_token": float(backhaul_bytes[c, mi]),
                 })
     order = {u.name: i for i, u in enumerate(sc.users)}
     users.sort(key=lambda d: (order[d["user"]], d["model"]))
@@ -116,6 +118,7 @@ def breakdown(problem: Problem, x: np.ndarray) -> dict:
             "share_edge_only": float((wm * share_edge[:, mi]).sum() / wm.sum()),
             "share_needs_cloud": float((wm * share_cloud[:, mi]).sum() / wm.sum()),
             "access_bytes_per_token": float((wm * access_bytes[:, mi]).sum() / wm.sum()),
+            "backhaul_bytes_per_token": float((wm * backhaul_bytes[:, mi]).sum() / wm.sum()),
         }
     return {
         "mean_token_latency_s": total,
@@ -123,6 +126,7 @@ def breakdown(problem: Problem, x: np.ndarray) -> dict:
         "share_edge_only": avg(share_edge),
         "share_needs_cloud": avg(share_cloud),
         "access_bytes_per_token": avg(access_bytes),
+        "backhaul_bytes_per_token": avg(backhaul_bytes),
         "per_model": per_model,
         "servers": {s: {"bytes_used": float(used[n]), "capacity_bytes": float(problem.capacity[n]),
                         "experts": int(x[n].sum())} for n, s in enumerate(problem.server_names)},

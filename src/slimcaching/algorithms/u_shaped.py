@@ -39,8 +39,9 @@ def u_shaped_breakdown(problem: Problem, x: np.ndarray) -> dict:
     """Mean per-token latency (and parts) of U-shaped inference under home caches ``x``."""
     q = without_local_caches(problem)
     sc = q.scenario
-    r = q.remote_cost(x)
+    r, src_cloud = q.remote_cost(x, return_source=True)
     worst = r[q.row_home[:, None], q.row_items].max(axis=1)
+    needs_cloud = src_cloud[q.row_home[:, None], q.row_items].any(axis=1)
     dense_home = np.array([[exec_time(m.dense_flops, m.dense_bytes, s.flops, s.mem_bandwidth)
                             for m in sc.models] for s in sc.servers])
     c, mi = q.entry_class, q.entry_model
@@ -53,6 +54,8 @@ def u_shaped_breakdown(problem: Problem, x: np.ndarray) -> dict:
         "access_and_dense_s": fixed,
         "expert_layers_s": layers,
         "access_bytes_per_token": float(q.entry_weight @ (2.0 * hidden[mi]) / q.entry_weight.sum()),
+        "backhaul_bytes_per_token": float(q.row_weight @ (needs_cloud * 2.0 * hidden[q.row_model])
+                                          / q.entry_weight.sum()),
     }
 
 

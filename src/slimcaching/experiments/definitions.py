@@ -45,7 +45,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                    description="Number of edge servers (ring), 50 users."),
         Experiment("users", "users", (10, 25, 50, 100, 200), (10, 50), "users",
                    description="Number of users on 5 servers."),
-        Experiment("runtime", "size", ((5, 50), (10, 100), (20, 200), (40, 400)), ((3, 20), (6, 40), (12, 80)),
+        Experiment("runtime", "size", ((5, 50), (10, 100), (20, 200), (30, 300)), ((3, 20), (6, 40), (12, 80)),
                    "users (servers = users / 10)", metric="solve_s", ylabel="solve time (s)", logx=True,
                    algorithms=("slimcaching", "slimcaching-fast", "greedy", "lfu", "random", "u-shaped"),
                    x_of="users", description="Solve time as servers and users grow together (log-log; fitted "
@@ -53,7 +53,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("communication", "capacity", (0.5e9, 1e9, 2.5e9, 4e9, 5e9), (0.5e9, 5e9),
                    "edge storage per server (GB)", metric="access_kb", ylabel="access-link traffic (kB/token)",
                    algorithms=("slimcaching", "u-shaped", "lfu", "none"), x_of="GB",
-                   description="Access-link bytes per token against storage, SlimCaching vs U-shaped."),
+                   description="Access-link bytes per token against storage, SlimCaching vs U-shaped (and the "
+                   "edge-cloud backhaul traffic in a second table)."),
         Experiment("k", "top_k", (1, 2, 3, 4), (1, 2, 4), "top-K", base={"models": ("llama-moe-3.5b-4-16",),
                                                                         "models_per_user": 1,
                                                                         "capacity": 1e9},

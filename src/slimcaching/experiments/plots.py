@@ -126,6 +126,17 @@ def summary(exp: Experiment, rows: list[dict], agg: dict) -> str:
                       "Our scenario, network and profiles are synthetic stand-ins for the paper's (its full "
                       "text and traces are not available here), so the numbers need not match; the table says "
                       "what this tool measures, whatever it is.", ""]
+    if exp.name == "communication" and rows and "backhaul_kb" in rows[0]:
+        back = aggregate(rows, "backhaul_kb")
+        names = [a for a in algos if a in back]
+        lines += ["## Edge-cloud backhaul traffic (kB/token)", "",
+                  "Access-link traffic depends on the device caches only (a layer needs the network unless all K "
+                  "experts are local); edge storage changes where remote experts come from, which shows here.", "",
+                  "| x | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for x in sorted({p[0] for a in names for p in back[a]}):
+            cells = [next((f"{p[1]:.4g}" for p in back[a] if p[0] == x), "–") for a in names]
+            lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
+        lines.append("")
     if exp.metric == "solve_s":
         lines += ["## Fitted log-log slopes (solve time ~ size^slope)", ""]
         for a, s in fitted_slopes(agg).items():

@@ -13,7 +13,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.experiments.definitions import EXPERIMENTS, Experiment, apply_point, x_value
 
 COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
-           "access_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error"]
+           "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error"]
 
 SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
 
@@ -72,6 +72,7 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
                 lat_ms = lat * 1e3
             row = dict(base, algorithm=name, latency_ms=lat_ms, solve_s=pl.solve_seconds,
                        access_kb=bd.get("access_bytes_per_token", float("nan")) / 1e3,
+                       backhaul_kb=bd.get("backhaul_bytes_per_token", float("nan")) / 1e3,
                        share_all_local=bd.get("share_all_local", ""), share_edge_only=bd.get("share_edge_only", ""),
                        share_needs_cloud=bd.get("share_needs_cloud", ""), status=status, error="")
             if name == "none":
@@ -86,8 +87,8 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
         if not isinstance(exc, ScenarioError):
             msg += " | " + traceback.format_exc(limit=3).replace("\n", " ")[-400:]
         return [dict(base, algorithm="*", latency_ms=float("nan"), reduction_vs_none=float("nan"),
-                     solve_s=float("nan"), access_kb=float("nan"), share_all_local="", share_edge_only="",
-                     share_needs_cloud="", status="failed", error=msg)]
+                     solve_s=float("nan"), access_kb=float("nan"), backhaul_kb=float("nan"), share_all_local="",
+                     share_edge_only="", share_needs_cloud="", status="failed", error=msg)]
 
 
 # ---- executors --------------------------------------------------------------------------------
