@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -188,13 +187,11 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
             f.flush()
         if progress:
             progress(0, total)
-        t0 = time.perf_counter()
         for k, rows in enumerate(EXECUTORS[backend](tasks, workers=workers, address=address), 1):
             writer.writerows(rows)
             f.flush()
             if progress:
                 progress(k, total)
-    del t0
     from slimcaching.experiments.plots import write_outputs
 
     write_outputs(exp, path, out)
