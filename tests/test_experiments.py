@@ -156,3 +156,18 @@ def test_trace_replay_matches_analytic_on_the_trace_profile(tmp_path):
                  "--model", "m0", "--json"]) == 0
     assert main(["simulate", str(tmp_path / "s.json"), str(tmp_path / "p.json"), "--trace", str(tmp_path / "t.npy"),
                  "--model", "zz"]) == 2
+
+
+def test_sweep_on_a_given_scenario_file(tmp_path):
+    from slimcaching.errors import ScenarioError
+
+    scen = tmp_path / "s.json"
+    scen.write_text(json.dumps(tiny_scenario_dict(seed=2, servers=2, users=3)))
+    path = run_experiment("capacity", tmp_path / "out", seeds=1, quick=True, backend="serial",
+                          algorithms=["lfu", "none"], scenario_path=str(scen))
+    rows = _rows(path)
+    assert not any(r["error"] for r in rows) and len(rows) == 2 * len(EXPERIMENTS["capacity"].quick_values)
+    lat = {float(r["x"]): float(r["latency_ms"]) for r in rows if r["algorithm"] == "lfu"}
+    assert lat[min(lat)] >= lat[max(lat)]  # more storage never hurts lfu here
+    with pytest.raises(ScenarioError, match="--scenario"):
+        run_experiment("servers", tmp_path / "o2", seeds=1, quick=True, backend="serial", scenario_path=str(scen))

@@ -166,6 +166,13 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
     if seeds < 1:
         raise ScenarioError("--seeds", "must be >= 1", seeds)
     exp = EXPERIMENTS[name]
+    if scenario_path is not None:
+        if exp.option not in SCENARIO_OPTIONS:
+            raise ScenarioError("--scenario", f"experiment {name!r} sweeps {exp.option}, which needs the generator; "
+                                "with a scenario file use capacity, local-cache, bandwidth or communication")
+        from slimcaching.scenario import load_scenario
+
+        load_scenario(scenario_path)  # fail early, with the file's own error
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.csv"
