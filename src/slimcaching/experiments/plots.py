@@ -59,6 +59,10 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
         ax.fill_between(xs, ms - hs, ms + hs, color=color, alpha=0.15, linewidth=0)
     if exp.logx:
         ax.set_xscale("log")
+    elif all(float(p[0]).is_integer() for pts in agg.values() for p in pts):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if exp.metric == "solve_s":
         ax.set_yscale("log")
     ax.set_xlabel(exp.xlabel)
