@@ -588,6 +588,15 @@ def list_presets() -> None:
     out.print(t)
 
 
+def _register_runtime() -> None:
+    from slimcaching.cli_runtime import register
+
+    register(app)
+
+
+_register_runtime()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status. Usage errors are reported by typer (exit 2); a
     ScenarioError (any invalid input) becomes one line on stderr and exit 2."""

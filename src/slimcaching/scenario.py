@@ -54,7 +54,8 @@ class _Strict(BaseModel):
 class ModelIn(_Strict):
     name: str = Field(min_length=1)
     preset: str | None = None
-    precision: Literal["fp32", "bf16", "fp16", "int8", "int4"] = "bf16"
+    hf: str | None = Field(default=None, min_length=1)
+    precision: Literal["fp32", "bf16", "fp16", "int8", "int4"] | None = None
     layers: int | None = Field(default=None, ge=1)
     experts: int | None = Field(default=None, ge=1)
     top_k: int | None = Field(default=None, ge=1)
@@ -157,6 +158,7 @@ class Model:
     hidden_bytes: float
     dense_bytes: float
     dense_flops: float
+    hf: str | None = None  # model directory the numbers were derived from (provenance)
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,7 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
     except ValidationError as exc:
         raise _pydantic_error(exc) from None
 
-    models = [_resolve_model(m, i) for i, m in enumerate(sin.models)]
+    models = [_resolve_model(m, i, base_dir) for i, m in enumerate(sin.models)]
     _unique([m.name for m in models], "models")
     mby = {m.name: m for m in models}
     servers = [Server(s.name, s.capacity_bytes, s.flops, s.mem_bandwidth, s.cloud_rate_bps, s.cloud_rtt_s)
@@ -395,10 +397,25 @@ def _unique(names: list[str], where: str) -> None:
         seen.add(n)
 
 
-def _resolve_model(m: ModelIn, i: int) -> Model:
+def _resolve_model(m: ModelIn, i: int, base_dir: Path) -> Model:
     values: dict[str, Any] = {}
+    hf_dir = None
+    if m.preset is not None and m.hf is not None:
+        raise ScenarioError(f"models[{i}]", "give either preset or hf, not both", m.name)
     if m.preset is not None:
-        values.update(resolve_preset(m.preset, m.precision, field_name=f"models[{i}].preset"))
+        values.update(resolve_preset(m.preset, m.precision or "bf16", field_name=f"models[{i}].preset"))
+    if m.hf is not None:
+        path = Path(m.hf).expanduser()
+        hf_dir = str((path if path.is_absolute() else base_dir / path).resolve())
+        if not all(getattr(m, f) is not None for f in MODEL_FIELDS):  # canonical files carry the numbers
+            from slimcaching.model_dir import model_numbers
+
+            try:
+                derived = model_numbers(hf_dir, m.precision)
+            except ScenarioError as exc:
+                raise ScenarioError(f"models[{i}].hf", str(exc).split(": ", 1)[-1]) from None
+            derived.pop("precision")
+            values.update(derived)
     for f in MODEL_FIELDS:
         v = getattr(m, f)
         if v is not None:
@@ -409,7 +426,8 @@ def _resolve_model(m: ModelIn, i: int) -> Model:
     if values["top_k"] > values["experts"]:
         raise ScenarioError(f"models[{i}].top_k", f"exceeds experts={values['experts']}", values["top_k"])
     ints = {"layers", "experts", "top_k"}
-    return Model(m.name, **{f: (int(values[f]) if f in ints else float(values[f])) for f in MODEL_FIELDS})
+    return Model(m.name, **{f: (int(values[f]) if f in ints else float(values[f])) for f in MODEL_FIELDS},
+                 hf=hf_dir)
 
 
 def _resolve_profile(name: str, pdata: Any, models: dict[str, Model], base_dir: Path) -> Profile:
@@ -495,8 +513,8 @@ def canonical_dict(sc: Scenario) -> dict:
         "format": SCENARIO_FORMAT,
         "name": sc.name,
         "models": [
-            {"name": m.name, "layers": m.layers, "experts": m.experts, "top_k": m.top_k,
-             **{f: _num(getattr(m, f)) for f in MODEL_FIELDS[3:]}}
+            opt({"name": m.name, "hf": m.hf, "layers": m.layers, "experts": m.experts, "top_k": m.top_k,
+                 **{f: _num(getattr(m, f)) for f in MODEL_FIELDS[3:]}})
             for m in sc.models
         ],
         "cloud": opt({"flops": _num(sc.cloud.flops), "mem_bandwidth": _num(sc.cloud.mem_bandwidth)}),

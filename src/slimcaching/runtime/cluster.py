@@ -1,0 +1,121 @@
+"""Runtime context (scenario + placement + model directory) and cluster files.
+
+A *cluster file* (YAML or JSON) names where each node listens, for runs across machines::
+
+    nodes:
+      e0: 10.0.0.11:5555
+      e1: 10.0.0.12:5555
+      cloud: 10.0.0.99:5555
+
+Every node and device reads the same scenario and placement and builds the same
+:class:`~slimcaching.runtime.routing.Layout`, so no routing state travels on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from slimcaching.errors import ScenarioError
+from slimcaching.runtime.routing import Layout, build_layout
+from slimcaching.scenario import Scenario, read_data_file
+
+_ADDR = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+@dataclass
+class Context:
+    scenario: Scenario
+    layout: Layout
+    placement: dict
+    model_dir: Path
+
+    def expert_source(self):
+        from slimcaching.runtime.weights import expert_source
+
+        return expert_source(self.model_dir)
+
+
+def _require_runtime() -> None:
+    try:
+        import msgpack  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError:
+        raise ScenarioError("runtime", "needs the runtime extra: pip install 'slimcaching[runtime]'") from None
+
+
+def load_context(scenario: str | Path, placement: str | Path, model_dir: str | Path,
+                 model_name: str | None = None) -> Context:
+    """Resolve scenario and placement, pick the scenario model that ``model_dir`` runs, check
+    that the directory matches it, and build the layout."""
+    _require_runtime()
+    from slimcaching.evaluation import problem_for
+    from slimcaching.model_dir import model_numbers
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+    from slimcaching.scenario import load_scenario
+
+    sc = load_scenario(None if str(scenario) in ("", "default") else scenario)
+    base = build_problem(sc)
+    pl = load_placement(placement, base)
+    problem = problem_for(sc, pl) if pl.local else base
+    sc = problem.scenario  # local caches resolved (placement's, else the scenario's policy)
+    if pl.latency_model != "slimcaching":
+        raise ScenarioError("placement.latency_model", "the runtime executes SlimCaching-style placements only",
+                            pl.latency_model)
+    mdir = Path(model_dir).expanduser()
+    if not mdir.is_dir():
+        raise ScenarioError("--model", "model directory not found", str(model_dir))
+    mdir = mdir.resolve()
+    if model_name is None:
+        by_dir = [m.name for m in sc.models if m.hf and Path(m.hf).resolve() == mdir]
+        if len(by_dir) == 1:
+            model_name = by_dir[0]
+        elif len(sc.models) == 1:
+            model_name = sc.models[0].name
+        else:
+            raise ScenarioError("--model-name", "the scenario has several models; name the one to run "
+                                f"({', '.join(m.name for m in sc.models)})")
+    if model_name not in sc.model_by_name:
+        raise ScenarioError("--model-name", f"not a model of the scenario ({', '.join(sc.model_by_name)})",
+                            model_name)
+    m = sc.model_by_name[model_name]
+    try:
+        got = model_numbers(mdir)
+    except ScenarioError as exc:
+        raise ScenarioError("--model", str(exc).split(": ", 1)[-1]) from None
+    for f in ("layers", "experts", "top_k", "expert_flops"):
+        if abs(float(got[f]) - float(getattr(m, f))) > 1e-9 * max(1.0, abs(float(got[f]))):
+            raise ScenarioError("--model", f"the model directory does not match scenario model {m.name!r}: "
+                                f"{f} is {got[f]:g} there, {getattr(m, f):g} in the scenario", str(model_dir))
+    edge = {s: [list(problem.item_key(i)) for i in pl.x[n].nonzero()[0]]
+            for n, s in enumerate(problem.server_names)}
+    layout = build_layout(sc, edge, model_name)
+    data = {"edge": edge, "algorithm": pl.algorithm}
+    return Context(sc, layout, data, mdir)
+
+
+def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:
+    """Node name -> ``tcp://host:port``; every node of the layout must be listed."""
+    data = read_data_file(path)
+    entries = data.get("nodes")
+    if not isinstance(entries, dict) or not entries:
+        raise ScenarioError("cluster.nodes", "expected a mapping node -> host:port")
+    out = {}
+    for name, addr in entries.items():
+        if name not in nodes:
+            raise ScenarioError(f"cluster.nodes.{name}", f"not a node of the scenario ({', '.join(nodes)})")
+        m = _ADDR.match(str(addr))
+        if not m or not 0 < int(m.group("port")) < 65536:
+            raise ScenarioError(f"cluster.nodes.{name}", "expected host:port", addr)
+        out[name] = f"tcp://{m.group('host')}:{int(m.group('port'))}"
+    missing = [n for n in nodes if n not in out]
+    if missing:
+        raise ScenarioError("cluster.nodes", f"no address for node {missing[0]!r}")
+    return out
+
+
+def dumps_addresses(addresses: dict[str, str]) -> str:
+    return json.dumps(addresses, sort_keys=True)

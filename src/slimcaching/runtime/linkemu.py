@@ -1,0 +1,55 @@
+"""User-space link emulation by timestamp scheduling (no netem needed).
+
+A link has a rate (bit/s) and a one-way propagation delay (RTT / 2). The *sender* schedules each
+message: it departs when the link is free (``depart = max(now, free_at)``; a busy link queues),
+occupies it for its serialisation time (``free_at = depart + 8 * bytes / rate``) and arrives one
+propagation delay later (``deliver_at = free_at + delay``). The receiver holds the message until
+``deliver_at`` (:func:`sleep_until`). A multi-hop path is store-and-forward: each hop starts when
+the previous one delivered. One-way costs then add up to SPEC's ``w = 8d/rate + rtt/2`` per hop.
+
+Clocks: ``deliver_at`` is wall-clock time (``time.time()``), shared by every process on one host;
+across hosts it needs synchronised clocks (or ``--no-emulate``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+SPIN_S = 0.0002  # below this, spin instead of sleeping (sleep overshoots by ~50-100 us)
+
+
+@dataclass
+class Link:
+    """One direction of a link; ``free_at`` is when its last scheduled message left the wire."""
+
+    rate_bps: float
+    delay_s: float
+    free_at: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def schedule(self, nbytes: int, ready_at: float) -> float:
+        """Arrival time of ``nbytes`` handed to the link at ``ready_at``; books the link."""
+        with self._lock:
+            depart = max(ready_at, self.free_at)
+            self.free_at = depart + 8.0 * nbytes / self.rate_bps
+            return self.free_at + self.delay_s
+
+
+def schedule_path(links: list[Link], nbytes: int, ready_at: float) -> float:
+    """Store-and-forward over several links; returns the arrival time at the last one."""
+    t = ready_at
+    for link in links:
+        t = link.schedule(nbytes, t)
+    return t
+
+
+def sleep_until(deadline: float) -> None:
+    """Return at ``deadline`` (wall clock) within ~0.1 ms: sleep, then spin the last bit."""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        if left > SPIN_S:
+            time.sleep(left - SPIN_S)

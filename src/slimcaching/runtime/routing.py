@@ -1,0 +1,140 @@
+"""Cluster layout: who holds which expert, what each hop costs, where a home server relays.
+
+Built identically by the launcher, every node and every device from (scenario, placement, model
+name), so no routing state travels on the network. Costs are SPEC section 3's, for the model's
+``hidden_bytes``: a home server h sends expert e to the holder with the least
+``c_{h,n} + t_n`` (the cloud: ``c_{h,cloud} + t_cloud``) -- exactly the holder ``r_e`` picks.
+Candidates are kept sorted, so a failed holder falls back to the next one, the cloud last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from slimcaching.errors import ScenarioError
+from slimcaching.problem import exec_time
+from slimcaching.scenario import Scenario
+
+CLOUD = "cloud"
+INF = float("inf")
+
+
+@dataclass
+class Layout:
+    model: str
+    layers: int
+    experts: int
+    hidden_bytes: float
+    nodes: list[str]  # edge servers, then the cloud
+    held: dict[str, set[tuple[int, int]]]  # node -> {(layer, expert)}
+    exec_s: dict[str, float]  # node -> t_n (one expert, one token)
+    relay_s: dict[tuple[str, str], float]  # (home, node) -> c_{h,n} (cloud included)
+    paths: dict[tuple[str, str], list[tuple[str, str]]]  # (home, node) -> directed hops
+    hop: dict[tuple[str, str], tuple[float, float]]  # directed hop -> (rate_bps, one-way delay)
+    local: dict[str, set[tuple[int, int]]]  # user -> device cache of this model
+    user_exec_s: dict[str, float] = field(default_factory=dict)  # user -> t_u
+    user_dense_s: dict[str, float] = field(default_factory=dict)  # user -> exec_u(dense)
+    access: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # user -> up, down, rtt
+    homes: dict[str, str] = field(default_factory=dict)  # user -> home server
+    node_hw: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # node -> flops, mem bw
+    user_hw: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    expert_flops: float = 0.0
+    expert_bytes: float = 0.0
+    _cand: dict = field(default_factory=dict, repr=False)
+
+    def candidates(self, home: str, layer: int, expert: int) -> list[tuple[float, str]]:
+        """Holders of (layer, expert) reachable from ``home``, cheapest first (ties: node order)."""
+        key = (home, layer, expert)
+        if key not in self._cand:
+            out = []
+            for order, n in enumerate(self.nodes):
+                if (layer, expert) in self.held[n] and self.relay_s.get((home, n), INF) < INF:
+                    out.append((self.relay_s[(home, n)] + self.exec_s[n], order, n))
+            self._cand[key] = [(c, n) for c, _, n in sorted(out)]
+        return self._cand[key]
+
+    def best_holder(self, home: str, layer: int, expert: int) -> str:
+        return self.candidates(home, layer, expert)[0][1]
+
+    def paced_exec_s(self, node: str, tokens: int) -> float:
+        """Modelled time to run a batch of experts on ``node`` in parallel, ``tokens`` rows each at
+        most: the roofline with the weights read once (``t_n`` for one decoded token)."""
+        flops, bw = self.user_hw[node[5:]] if node.startswith("user:") else self.node_hw[node]
+        return exec_time(self.expert_flops * max(tokens, 1), self.expert_bytes, flops, bw)
+
+    def access_s(self, user: str) -> float:
+        """a_u of SPEC section 3 for this model."""
+        up, down, rtt = self.access[user]
+        bits = 8.0 * self.hidden_bytes
+        return bits / up + bits / down + rtt
+
+    def predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
+        """T_l(S) of SPEC section 3 for the set the token actually used."""
+        local = self.local[user]
+        home = self.homes[user]
+        t_local = self.user_exec_s[user] if any((layer, e) in local for e in experts) else 0.0
+        remote = [e for e in experts if (layer, e) not in local]
+        if not remote:
+            return t_local
+        worst = max(self.candidates(home, layer, e)[0][0] for e in remote)
+        return max(t_local, self.access_s(user) + worst)
+
+
+def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
+    """Layout for ``model`` from a resolved scenario (local caches resolved) and the placement's
+    ``edge`` mapping (server -> [[model, layer, expert], ...])."""
+    if model not in sc.model_by_name:
+        raise ScenarioError("--model-name", "not a model of the scenario", model)
+    m = sc.model_by_name[model]
+    bits = 8.0 * m.hidden_bytes
+    names = [s.name for s in sc.servers]
+    nodes = names + [CLOUD]
+    held: dict[str, set] = {n: set() for n in nodes}
+    for s, items in edge.items():
+        for mn, layer, e in items:
+            if mn == model:
+                held[s].add((int(layer), int(e)))
+    held[CLOUD] = {(la, e) for la in range(m.layers) for e in range(m.experts)}
+    exec_s = {s.name: exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth) for s in sc.servers}
+    exec_s[CLOUD] = exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
+    g = nx.Graph()
+    g.add_nodes_from(names)
+    hop: dict[tuple[str, str], tuple[float, float]] = {}
+    for ln in sc.server_links:
+        w = bits / ln.rate_bps + ln.rtt_s / 2.0
+        if not g.has_edge(ln.a, ln.b) or g[ln.a][ln.b]["w"] > w:
+            g.add_edge(ln.a, ln.b, w=w)
+            hop[(ln.a, ln.b)] = hop[(ln.b, ln.a)] = (ln.rate_bps, ln.rtt_s / 2.0)
+    relay: dict[tuple[str, str], float] = {}
+    paths: dict[tuple[str, str], list] = {}
+    for src, (dist, path) in nx.all_pairs_dijkstra(g, weight="w"):
+        for dst, d in dist.items():
+            relay[(src, dst)] = 0.0 if src == dst else 2.0 * d
+            p = path[dst]
+            paths[(src, dst)] = list(zip(p[:-1], p[1:]))
+    for s in sc.servers:
+        relay[(s.name, CLOUD)] = 2.0 * bits / s.cloud_rate_bps + s.cloud_rtt_s
+        paths[(s.name, CLOUD)] = [(s.name, CLOUD)]
+        hop[(s.name, CLOUD)] = hop[(CLOUD, s.name)] = (s.cloud_rate_bps, s.cloud_rtt_s / 2.0)
+    relay[(CLOUD, CLOUD)] = 0.0
+    paths[(CLOUD, CLOUD)] = []
+    local = {}
+    user_exec, user_dense = {}, {}
+    for u in sc.users:
+        local[u.name] = {(int(la), int(e)) for mn, la, e in (u.local_cache or []) if mn == model}
+        user_exec[u.name] = exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
+        user_dense[u.name] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
+    return Layout(model, m.layers, m.experts, m.hidden_bytes, nodes, held, exec_s, relay, paths, hop, local,
+                  user_exec, user_dense,
+                  access={u.name: (u.uplink_bps, u.downlink_bps, u.rtt_s) for u in sc.users},
+                  homes={u.name: u.home for u in sc.users},
+                  node_hw={**{s.name: (s.flops, s.mem_bandwidth) for s in sc.servers},
+                           CLOUD: (sc.cloud.flops, sc.cloud.mem_bandwidth)},
+                  user_hw={u.name: (u.flops, u.mem_bandwidth) for u in sc.users},
+                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes)
+
+
+def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(b, a) for a, b in reversed(path)]

@@ -1,0 +1,283 @@
+"""``slimcaching cluster run`` and ``slimcaching generate``: devices generating against a cluster,
+every decoded token measured and compared with the latency model, the output compared with the
+monolithic model.
+
+Per decoded token the JSON has the measured seconds (the forward step, dense part padded to the
+model with ``--pace``), the predicted seconds (SPEC section 3 for the sets that token actually
+used: ``exec_u(dense) + sum_l T_l(S_l)``) and the route of every layer, plus a breakdown of the
+measured time: device compute, pacing, access links, relays, remote compute, queueing at nodes,
+serialisation, and what is left (software overhead).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from slimcaching.errors import ScenarioError
+from slimcaching.problem import exec_time
+
+BREAKDOWN = ("device_compute_s", "pace_pad_s", "access_s", "relay_s", "remote_compute_s", "queue_s",
+             "serialise_s", "overhead_s")
+
+
+@dataclass
+class RunOptions:
+    scenario: str
+    placement: str
+    model_dir: str
+    model_name: str | None = None
+    prompts: list[str] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)
+    max_new_tokens: int = 16
+    emulate: bool = True
+    pace: bool = False
+    reference: bool = True
+    kills: list[tuple[str, int]] = field(default_factory=list)
+    restarts: list[tuple[str, int]] = field(default_factory=list)
+    deadline_factor: float = 3.0
+    deadline_floor_s: float = 0.25
+    retry_after_s: float = 2.0
+    start_timeout_s: float = 120.0
+
+
+def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for item in items or []:
+        node, sep, tok = item.partition("@")
+        if not sep or not tok.isdigit():
+            raise ScenarioError(flag, "expected NODE@TOKEN", item)
+        if node not in nodes:
+            raise ScenarioError(flag, f"unknown node (nodes: {', '.join(nodes)})", node)
+        out.append((node, int(tok)))
+    return out
+
+
+def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
+                   counter=None) -> dict:
+    """One user's device: load the dense part and local experts, generate every prompt."""
+    from transformers import AutoTokenizer
+
+    from slimcaching.runtime.device import DeviceClient, generate, install, load_device_model
+
+    lay = ctx.layout
+    model, _, local = load_device_model(ctx.model_dir, lay, user)
+    tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
+    client = DeviceClient(user, lay, addresses, local, emulate=opts.emulate, pace=opts.pace,
+                          deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
+                          retry_after_s=opts.retry_after_s)
+    install(model, client)
+    import gc
+
+    gc.collect()
+    from slimcaching.runtime.node import rss_bytes
+
+    m = ctx.scenario.model_by_name[lay.model]
+    flops, bw = lay.user_hw[user]
+
+    def dense_exec(tokens: int) -> float:
+        return exec_time(m.dense_flops * tokens, m.dense_bytes, flops, bw)
+
+    def tick():
+        if counter is not None:
+            with counter.get_lock():
+                counter.value += 1
+
+    results = []
+    try:
+        for pi, prompt in enumerate(prompts):
+            r = generate(model, tok, prompt, opts.max_new_tokens, client, pace=opts.pace,
+                         dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick)
+            results.append({"user": user, "prompt": pi, "tokens": r["tokens"], "logits": r["logits"],
+                            "steps": r["steps"]})
+    finally:
+        client.close()
+    return {"user": user, "results": results, "fallbacks": client.fallbacks, "late_replies": client.late_replies,
+            "rss_bytes": rss_bytes(), "local_experts": len(local)}
+
+
+_COUNTER = None
+
+
+def _init_worker(counter) -> None:
+    global _COUNTER
+    _COUNTER = counter
+
+
+def _worker(args) -> dict:
+    scenario, placement, model_dir, model_name, user, prompts, addresses, opts = args
+    counter = _COUNTER
+    from slimcaching.runtime.cluster import load_context
+
+    ctx = load_context(scenario, placement, model_dir, model_name)
+    try:
+        return device_session(ctx, user, prompts, addresses, opts, counter)
+    except Exception as exc:  # returned to the launcher as one line
+        return {"user": user, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _token_rows(session: dict) -> list[dict]:
+    rows = []
+    for res in session["results"]:
+        for si, step in enumerate(res["steps"]):
+            if step.get("tokens") != 1:
+                continue
+            layers = step["layers"]
+            br = {k: 0.0 for k in BREAKDOWN}
+            for rec in layers:
+                br["device_compute_s"] += rec.local_s
+                br["pace_pad_s"] += rec.pad_s
+                br["access_s"] += rec.access_s
+                br["relay_s"] += rec.relay_s
+                br["remote_compute_s"] += rec.remote_compute_s
+                br["queue_s"] += rec.queue_s
+                br["serialise_s"] += rec.serialise_s
+            br["device_compute_s"] += step["dense_real_s"]
+            br["pace_pad_s"] += step["dense_pad_s"]
+            br["overhead_s"] = max(0.0, step["measured_s"] - sum(v for k, v in br.items() if k != "overhead_s"))
+            rows.append({
+                "user": session["user"], "prompt": res["prompt"], "step": si,
+                "measured_s": step["measured_s"], "predicted_s": step["predicted_s"],
+                "ratio": step["measured_s"] / step["predicted_s"] if step["predicted_s"] else None,
+                "route": [{"layer": rec.layer, "experts": rec.experts,
+                           "where": {str(e): rec.route.get(e) for e in rec.experts},
+                           "measured_s": rec.seconds, "predicted_s": rec.predicted_s} for rec in layers],
+                "breakdown": br,
+            })
+    return rows
+
+
+def run_cluster(opts: RunOptions, progress=None) -> dict:
+    """Start the nodes, run the devices (several users concurrently), compare, stop everything."""
+    from slimcaching.runtime.cluster import load_context
+    from slimcaching.runtime.device import ClusterError
+    from slimcaching.runtime.launch import Chaos, LocalCluster
+
+    say = progress or (lambda msg: None)
+    ctx = load_context(opts.scenario, opts.placement, opts.model_dir, opts.model_name)
+    lay = ctx.layout
+    users = opts.users or [ctx.scenario.users[0].name]
+    for u in users:
+        if u not in lay.homes:
+            names = [x.name for x in ctx.scenario.users]
+            raise ScenarioError("--users", f"unknown user (e.g. {', '.join(names[:5])})", u)
+    if not opts.prompts:
+        raise ScenarioError("--prompts", "no prompts")
+    kills = list(opts.kills)
+    if any(n == "cloud" for n, _ in kills):
+        say("note: killing the cloud leaves experts that no edge server holds without any copy")
+    reference = None
+    if opts.reference:
+        say("reference: monolithic model")
+        reference = _reference(ctx, opts)
+    workdir = Path(tempfile.mkdtemp(prefix="slimcaching-cluster-"))
+    counter = mp.get_context("spawn").Value("q", 0)
+    t_start = time.time()
+    say(f"starting {len(lay.nodes)} nodes ({', '.join(lay.nodes)})")
+    with LocalCluster(lay.nodes, opts.scenario, opts.placement, str(ctx.model_dir), lay.model, workdir,
+                      emulate=opts.emulate, pace=opts.pace, deadline_factor=opts.deadline_factor,
+                      deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
+                      start_timeout=opts.start_timeout_s) as cluster:
+        start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
+        chaos = Chaos(cluster, counter, kills, opts.restarts)
+        chaos.start()
+        try:
+            say(f"generating for {', '.join(users)}")
+            if len(users) == 1:
+                try:
+                    sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts, counter)]
+                except ClusterError as exc:
+                    raise ScenarioError("cluster", str(exc)) from None
+            else:
+                pool_ctx = mp.get_context("spawn")
+                with pool_ctx.Pool(len(users), initializer=_init_worker, initargs=(counter,)) as pool:
+                    sessions = pool.map(_worker, [(opts.scenario, opts.placement, str(ctx.model_dir), lay.model,
+                                                   u, opts.prompts, cluster.addresses, opts) for u in users])
+        finally:
+            chaos.stop_flag.set()
+            chaos.join(5)
+        if chaos.error is not None:
+            raise ScenarioError("--kill/--restart", f"could not act on a node ({chaos.error})")
+        for s in sessions:
+            if "error" in s:
+                raise ScenarioError(f"device {s['user']}", s["error"])
+        nodes = cluster.status()
+        for n, st in nodes.items():
+            st["rss_at_start_bytes"] = start_rss[n]
+            st["experts_held"] = len(lay.held[n])
+        events = cluster.events
+    wall = time.time() - t_start
+    return _report(ctx, opts, users, sessions, reference, nodes, events, wall)
+
+
+def _reference(ctx, opts: RunOptions) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from slimcaching.hf import load_model
+    from slimcaching.runtime.device import generate
+
+    model, _ = load_model(str(ctx.model_dir))
+    tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
+    out = []
+    for pi, prompt in enumerate(opts.prompts):
+        r = generate(model, tok, prompt, opts.max_new_tokens)
+        out.append({"prompt": pi, "tokens": r["tokens"], "logits": r["logits"],
+                    "step_s": [s["forward_s"] for s in r["steps"]]})
+    del model
+    return out
+
+
+def _report(ctx, opts, users, sessions, reference, nodes, events, wall) -> dict:
+    rows = [r for s in sessions for r in _token_rows(s)]
+    measured = [r["measured_s"] for r in rows]
+    predicted = [r["predicted_s"] for r in rows if r["predicted_s"] is not None]
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    generated = [{"user": s["user"], "prompt": res["prompt"], "tokens": res["tokens"]}
+                 for s in sessions for res in s["results"]]
+    out: dict = {
+        "format": "slimcaching/cluster-run@1",
+        "model": ctx.layout.model, "model_dir": str(ctx.model_dir), "algorithm": ctx.placement["algorithm"],
+        "emulate": opts.emulate, "pace": opts.pace, "users": users, "prompts": len(opts.prompts),
+        "max_new_tokens": opts.max_new_tokens, "generated": generated,
+        "per_token": rows,
+        "measured_mean_token_latency_s": _mean(measured),
+        "predicted_mean_token_latency_s": _mean(predicted),
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "ratio_p10": float(np.percentile(ratios, 10)) if ratios else None,
+        "ratio_p90": float(np.percentile(ratios, 90)) if ratios else None,
+        "breakdown_mean_s": {k: _mean([r["breakdown"][k] for r in rows]) for k in BREAKDOWN},
+        "nodes": nodes,
+        "devices": {s["user"]: {"rss_bytes": s["rss_bytes"], "local_experts": s["local_experts"],
+                                "late_replies": s["late_replies"]} for s in sessions},
+        "failures": events,
+        "fallbacks": {"devices": [dict(f, user=s["user"]) for s in sessions for f in s["fallbacks"]],
+                      "nodes": {n: st.get("stats", {}).get("fallbacks", []) for n, st in nodes.items()
+                                if st.get("alive")}},
+        "wall_s": wall,
+    }
+    if reference is not None:
+        out["reference"] = [{"prompt": r["prompt"], "tokens": r["tokens"]} for r in reference]
+        same, worst = True, 0.0
+        for s in sessions:
+            for res in s["results"]:
+                ref = reference[res["prompt"]]
+                same &= res["tokens"] == ref["tokens"]
+                n = min(len(res["logits"]), len(ref["logits"]))
+                worst = max(worst, float(np.abs(res["logits"][:n] - ref["logits"][:n]).max()) if n else 0.0)
+        out["tokens_identical"] = bool(same)
+        out["max_abs_logit_diff"] = worst
+        ref_steps = [s for r in reference for s in r["step_s"][1:]]
+        out["monolithic_mean_step_s"] = _mean(ref_steps)
+    return out
+
+
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(sum(xs) / len(xs)) if xs else None

@@ -1,0 +1,147 @@
+"""Per-expert weights from a safetensors checkpoint, run through the model's own experts class.
+
+A node (or a device's local cache) loads exactly the experts it holds: for each MoE layer it reads
+slices of the checkpoint, never the other experts. Both checkpoint layouts are read:
+
+* fused (transformers 5 in memory, GPT-OSS, Qwen3-VL-MoE): ``<block>.experts.gate_up_proj`` of
+  shape (E, ...), sliced with ``safe_open(...).get_slice(name)[e]``;
+* per expert (what ``save_pretrained`` writes for Mixtral, Qwen-MoE, OLMoE, DeepSeek, PhiMoE):
+  ``<block>.experts.<e>.{w1,w3,w2}.weight`` or ``{gate,up,down}_proj.weight`` (+ ``.bias``),
+  concatenated [gate; up] into the fused layout the experts class expects.
+
+Each held expert becomes a one-expert instance of the model's own experts class (built from the
+model's config with the expert count set to 1), so the arithmetic is the model's own (biases,
+transposed weights, clamped SwiGLU); :func:`run_expert` calls it with weight 1, which is exact.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+from slimcaching.errors import ScenarioError
+from slimcaching.model_dir import expert_blocks, read_checkpoint
+
+_EXPERT_COUNT_ATTRS = ("num_local_experts", "num_experts", "n_routed_experts")
+_GATE = ("w1", "gate_proj")
+_UP = ("w3", "up_proj")
+_DOWN = ("w2", "down_proj")
+
+
+@dataclass
+class ExpertSource:
+    """Where the experts of one model directory live and how to build one of them."""
+
+    directory: Path
+    blocks: list[str]  # checkpoint block prefix per MoE layer (runtime layer order)
+    tensors: dict  # block -> {relative name -> TensorInfo}
+    experts_class: type
+    experts_config: object
+    num_experts: int
+
+    def load(self, layer: int, expert: int):
+        """A one-expert module holding expert ``expert`` of MoE layer ``layer``."""
+        import torch
+        from safetensors import safe_open
+
+        if not (0 <= layer < len(self.blocks)) or not (0 <= expert < self.num_experts):
+            raise ScenarioError("placement", "the model has no such expert (layer, expert)", [layer, expert])
+        cfg = copy.copy(self.experts_config)
+        for attr in _EXPERT_COUNT_ATTRS:
+            if hasattr(cfg, attr):
+                setattr(cfg, attr, 1)
+        module = self.experts_class(cfg)
+        block = self.blocks[layer]
+        rel = self.tensors[block]
+        fused = {n: i for n, i in rel.items() if not n.split(".")[0].isdigit()}
+        per = {n[len(f"{expert}."):]: i for n, i in rel.items() if n.startswith(f"{expert}.")}
+
+        def read(name: str, info, index: int | None):
+            with safe_open(str(self.directory / info.file), framework="pt") as fh:
+                full = f"{block}.experts.{name}"
+                return fh.get_slice(full)[index] if index is not None else fh.get_tensor(full)
+
+        params = dict(module.named_parameters())
+        values = {}
+        for name, info in fused.items():
+            if name in params:
+                values[name] = read(name, info, expert)
+        if per:
+            def pick(stems, kind):
+                for s in stems:
+                    if f"{s}.{kind}" in per:
+                        return read(f"{expert}.{s}.{kind}", per[f"{s}.{kind}"], None)
+                return None
+
+            for kind, suffix in (("weight", ""), ("bias", "_bias")):
+                gate, up, down = pick(_GATE, kind), pick(_UP, kind), pick(_DOWN, kind)
+                transposed = bool(getattr(module, "is_transposed", False))
+                if up is not None and f"gate_up_proj{suffix}" in params and gate is not None:
+                    if getattr(module, "is_concatenated", True):
+                        gu = torch.cat([gate, up], dim=0)
+                    else:  # interleaved [g0, u0, g1, u1, ...]
+                        gu = torch.stack([gate, up], dim=1).reshape(-1, *gate.shape[1:])
+                    values[f"gate_up_proj{suffix}"] = gu.T if transposed and kind == "weight" else gu
+                elif up is not None and f"up_proj{suffix}" in params:
+                    values[f"up_proj{suffix}"] = up.T if transposed and kind == "weight" else up
+                if down is not None and f"down_proj{suffix}" in params:
+                    values[f"down_proj{suffix}"] = down.T if transposed and kind == "weight" else down
+        missing = [n for n in params if n not in values]
+        if missing:
+            raise ScenarioError("model", f"cannot map checkpoint tensors of {block}.experts to "
+                                f"{self.experts_class.__name__}.{missing[0]}", str(self.directory))
+        with torch.no_grad():
+            for name, value in values.items():
+                p = params[name]
+                if tuple(value.shape) != tuple(p.shape[1:]):
+                    raise ScenarioError("model", f"{block}.experts {name}: checkpoint shape {tuple(value.shape)} "
+                                        f"does not fit {tuple(p.shape[1:])}", str(self.directory))
+                p.data = value.unsqueeze(0).to(value.dtype).contiguous()
+        module.eval()
+        module.requires_grad_(False)
+        return module
+
+
+def expert_source(directory: str | Path) -> ExpertSource:
+    """Inspect a model directory: checkpoint layout plus the experts class (built on 'meta')."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from slimcaching.hf import find_moe_layers
+
+    directory = Path(directory)
+    config, tensors = read_checkpoint(directory)
+    blocks = expert_blocks(tensors)
+    try:
+        cfg = AutoConfig.from_pretrained(str(directory))
+    except (OSError, ValueError) as exc:
+        raise ScenarioError("--model", f"cannot read the config ({str(exc).splitlines()[0][:100]})",
+                            str(directory)) from None
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ScenarioError("--model", "encoder-decoder models are not supported by the runtime",
+                            getattr(cfg, "model_type", ""))
+    with torch.device("meta"):
+        try:
+            skeleton = AutoModelForCausalLM.from_config(cfg)
+        except ValueError:
+            from transformers import AutoModelForImageTextToText
+
+            skeleton = AutoModelForImageTextToText.from_config(cfg)
+    moe = [b for b in find_moe_layers(skeleton) if b[2] == "indices"]
+    if len(moe) != len(blocks):
+        raise ScenarioError("--model", f"{len(moe)} MoE blocks in the model but {len(blocks)} in the checkpoint",
+                            str(directory))
+    experts = moe[0][1].experts
+    num = next(getattr(experts.config, a) for a in _EXPERT_COUNT_ATTRS if hasattr(experts.config, a))
+    return ExpertSource(directory, list(blocks), blocks, type(experts), experts.config, int(num))
+
+
+def run_expert(module, x):
+    """Output of a one-expert module for rows ``x`` (n, h), before gate weighting."""
+    import torch
+
+    n = x.shape[0]
+    idx = torch.zeros((n, 1), dtype=torch.long)
+    w = torch.ones((n, 1), dtype=x.dtype)
+    return module(x, idx, w)
