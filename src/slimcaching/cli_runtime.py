@@ -89,12 +89,19 @@ def cluster_run(
     deadline_factor: DeadlineOpt = 3.0,
     deadline_floor: FloorOpt = 0.25,
     retry_after: RetryOpt = 2.0,
+    launcher: Annotated[str, typer.Option("--launcher", help="local (subprocesses) or ray (actors).")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster to join (--launcher ray); "
+                                                "default: a local Ray instance.")] = None,
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
     from slimcaching.runtime.cluster import load_context
     from slimcaching.runtime.session import RunOptions, parse_events, run_cluster
 
+    if launcher not in ("local", "ray"):
+        raise ScenarioError("--launcher", "expected local or ray", launcher)
+    if address is not None and launcher != "ray":
+        raise ScenarioError("--address", "only with --launcher ray", address)
     texts = _prompts(prompts, prompt)
     ctx = load_context(scenario, placement, model, model_name)
     nodes = ctx.layout.nodes
@@ -102,7 +109,7 @@ def cluster_run(
                       [u.strip() for u in users.split(",") if u.strip()] if users else [],
                       max_new_tokens, not no_emulate, pace, not no_reference,
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
-                      deadline_factor, deadline_floor, retry_after)
+                      deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address)
     report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     if json_out is not None:
         _write_json(json_out, report)

@@ -96,6 +96,7 @@ class DeviceClient:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.IMMEDIATE, 1)
+            s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
             s.connect(self.addresses[node])
             self.socks[node] = s
         return self.socks[node]

@@ -82,15 +82,116 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return box[0].strip() if box else ""
 
 
+class RayNode:
+    """A node as a Ray actor: the actor process runs the same :class:`NodeServer` in a thread and
+    listens on its own socket, so the data path stays direct (Ray only places and stops it)."""
+
+    def __init__(self, name: str, kwargs: dict, host: str):
+        self.name = name
+        self.kwargs = kwargs
+        self.host = host
+        self.actor = None
+        self.ref = None
+        self.port = 0
+        self.rss_at_start = 0
+
+    def spawn(self, port: int = 0) -> None:
+        import ray
+
+        self.actor = ray.remote(num_cpus=0, max_restarts=0)(_NodeActor).remote()
+        self.ref = self.actor.start.remote(self.name, self.host, port, self.kwargs)
+
+    def wait_ready(self, timeout: float) -> None:
+        import ray
+
+        try:
+            self.host, self.port, self.rss_at_start = ray.get(self.ref, timeout=timeout)
+        except Exception as exc:  # ray wraps the actor's error; keep its last line
+            self.stop()
+            text = str(exc).strip().splitlines()
+            raise ScenarioError(f"node {self.name}", (text[-1] if text else type(exc).__name__)[:300]) from None
+
+    def start(self, timeout: float, port: int = 0) -> None:
+        self.spawn(port)
+        self.wait_ready(timeout)
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        import ray
+
+        if self.actor is None:
+            return False
+        try:
+            return bool(ray.get(self.actor.alive.remote(), timeout=5))
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
+
+    def stop(self, grace: float = 3.0) -> None:
+        self.kill()
+
+
+class _NodeActor:
+    """Ray actor body (plain class; decorated by :class:`RayNode`)."""
+
+    def start(self, name: str, host: str, port: int, kw: dict) -> tuple[str, int, int]:
+        import torch
+
+        from slimcaching.runtime.cluster import load_context
+        from slimcaching.runtime.node import NodeServer, rss_bytes
+
+        torch.set_num_threads(1)
+        ctx = load_context(kw["scenario"], kw["placement"], kw["model_dir"], kw["model_name"])
+        source = ctx.expert_source()
+        experts = {key: source.load(*key) for key in sorted(ctx.layout.held[name])}
+        self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
+                                 deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
+                                 retry_after_s=kw["retry_after_s"])
+        if host == "auto":  # the address of the machine this actor landed on
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        bound = self.server.bind(host, port)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+        return host, bound, rss_bytes()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
 class LocalCluster:
-    """Context manager: the nodes of a layout as local processes."""
+    """Context manager: the nodes of a layout as local processes (or Ray actors)."""
 
     def __init__(self, nodes: list[str], scenario: str, placement: str, model_dir: str, model_name: str,
                  workdir: Path, *, emulate: bool = True, pace: bool = False, deadline_factor: float = 3.0,
-                 deadline_floor_s: float = 0.25, retry_after_s: float = 2.0, start_timeout: float = 120.0):
+                 deadline_floor_s: float = 0.25, retry_after_s: float = 2.0, start_timeout: float = 120.0,
+                 launcher: str = "local", ray_address: str | None = None):
         self.names = nodes
         self.workdir = workdir
         self.start_timeout = start_timeout
+        self.launcher = launcher
+        self._ray_started = False
+        if launcher == "ray":
+            host = self._init_ray(ray_address)
+            kw = {"scenario": str(Path(scenario).resolve()) if scenario not in ("", "default") else scenario,
+                  "placement": str(Path(placement).resolve()), "model_dir": str(model_dir),
+                  "model_name": model_name, "emulate": emulate, "pace": pace,
+                  "deadline_factor": deadline_factor, "deadline_floor_s": deadline_floor_s,
+                  "retry_after_s": retry_after_s}
+            self.nodes = {n: RayNode(n, kw, host) for n in nodes}
+            self.ctx = zmq.Context.instance()
+            self.events: list[dict] = []
+            return
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
                   "--model-name", model_name, "--parent-pid", str(os.getpid()),
                   "--deadline-factor", str(deadline_factor), "--deadline-floor", str(deadline_floor_s),
@@ -118,6 +219,21 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _init_ray(self, address: str | None) -> str:
+        try:
+            import ray
+        except ImportError:
+            raise ScenarioError("--launcher", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
+        if not ray.is_initialized():
+            kw = {"address": address} if address else {"num_cpus": 2, "include_dashboard": False}
+            try:
+                ray.init(ignore_reinit_error=True, log_to_driver=False, **kw)
+            except ConnectionError as exc:
+                raise ScenarioError("--address", f"cannot join the Ray cluster ({exc})", address) from None
+            self._ray_started = True
+        # a local Ray instance: nodes listen on loopback; a real cluster: on each node's address
+        return "127.0.0.1" if not address else "auto"
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -170,10 +286,19 @@ class LocalCluster:
                     pass
         for p in self.nodes.values():
             p.stop()
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
 
 
 class Chaos(threading.Thread):
-    """Kills (``NODE@TOKEN``) and restarts nodes when the first device reaches a decoded token."""
+    """Kills (``NODE@TOKEN``) and restarts nodes when the devices have decoded TOKEN tokens.
+
+    With one device, :meth:`due` is called between its tokens, so events happen at exact token
+    positions (a restart waits until the node is up again). With several devices the thread
+    polls the shared token counter instead."""
 
     def __init__(self, cluster: LocalCluster, counter, kills: list[tuple[str, int]],
                  restarts: list[tuple[str, int]]):
@@ -182,15 +307,18 @@ class Chaos(threading.Thread):
         self.plan = sorted([(t, "kill", n) for n, t in kills] + [(t, "restart", n) for n, t in restarts])
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
+        self.lock = threading.Lock()
+
+    def due(self) -> None:
+        with self.lock:
+            while self.plan and self.counter.value >= self.plan[0][0]:
+                _, what, node = self.plan.pop(0)
+                (self.cluster.kill if what == "kill" else self.cluster.restart)(node)
 
     def run(self) -> None:
         try:
             while self.plan and not self.stop_flag.is_set():
-                t, what, node = self.plan[0]
-                if self.counter.value >= t:
-                    self.plan.pop(0)
-                    (self.cluster.kill if what == "kill" else self.cluster.restart)(node)
-                else:
-                    time.sleep(0.0005)
+                self.due()
+                time.sleep(0.0005)
         except BaseException as exc:  # reported by the caller
             self.error = exc

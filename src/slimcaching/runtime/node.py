@@ -123,6 +123,7 @@ class NodeServer:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is down
+            s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
             s.connect(addr)
             self.peers[peer] = s
             self.poller.register(s, zmq.POLLIN)
@@ -495,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     from slimcaching.runtime.cluster import load_context
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    import torch
+
+    torch.set_num_threads(1)  # see session.device_session: an idle thread pool wakes up slowly
     try:
         ctx = load_context(a.scenario, a.placement, a.model, a.model_name)
         if a.name not in ctx.layout.nodes:

@@ -1,0 +1,388 @@
+"""Distributed runtime: same output as the model, routes as the placement says, failures lose no
+token, bad input gets one line. Tiny random models per family are built in the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+zmq = pytest.importorskip("zmq")
+pytest.importorskip("msgpack")
+
+from runtime_helpers import (  # noqa: E402
+    all_edge_placement,
+    scenario_dict,
+    solve,
+    thread_cluster,
+    write_scenario,
+)
+from slimcaching.cli import main  # noqa: E402
+from slimcaching.runtime import protocol  # noqa: E402
+from slimcaching.runtime.cluster import load_context  # noqa: E402
+from slimcaching.runtime.session import RunOptions, _reference, device_session  # noqa: E402
+from test_hf import _build, _configs  # noqa: E402
+
+pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]
+
+# every family the profiler supports, less the encoder-decoder Switch Transformers
+FAMILIES = [f for f in _configs() if f != "switch_transformers"]
+PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7"]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            d = root / family
+            _build(family, d)
+            cache[family] = d
+        return cache[family]
+
+    return get
+
+
+def _setups(tmp_path, model_dir):
+    """Three placements: nothing at the edge, everything at the edge, a slimcaching solve."""
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(model_dir, capacity="20 kB", cache="4 kB"))
+    big = write_scenario(tmp_path / "big.yaml", scenario_dict(model_dir, capacity="10 MB", cache="4 kB"))
+    return [(sc, solve(sc, "none", tmp_path / "none.json")),
+            (big, all_edge_placement(big, tmp_path / "all.json")),
+            (sc, solve(sc, "slimcaching", tmp_path / "slim.json"))]
+
+
+def _check_routes(ctx, session, servers):
+    lay = ctx.layout
+    user = session["user"]
+    home = lay.homes[user]
+    seen = 0
+    for res in session["results"]:
+        for step in res["steps"]:
+            for rec in step["layers"]:
+                for e in rec.experts:
+                    want = "device" if (rec.layer, e) in lay.local[user] else lay.best_holder(home, rec.layer, e)
+                    assert rec.route[e] == want, (rec.layer, e, rec.route, want)
+                    seen += 1
+    assert seen > 0
+    for n, srv in servers.items():
+        for key in srv.stats["executed"]:
+            layer, e = map(int, key.split(":"))
+            assert (layer, e) in lay.held[n], (n, key)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cluster_output_equals_the_model(family, model_dirs, tmp_path):
+    d = model_dirs(family)
+    checked = set()
+    for sc, pl in _setups(tmp_path, d):
+        ctx = load_context(sc, pl, d)
+        opts = RunOptions(str(sc), str(pl), str(d), prompts=PROMPTS, max_new_tokens=5, emulate=False)
+        ref = _reference(ctx, opts)
+        with thread_cluster(ctx) as (servers, addrs):
+            session = device_session(ctx, "u0", PROMPTS, addrs, opts)
+            _check_routes(ctx, session, servers)
+            executed = {n: sum(s.stats["executed"].values()) for n, s in servers.items()}
+        for res in session["results"]:
+            r = ref[res["prompt"]]
+            assert res["tokens"] == r["tokens"]
+            assert np.abs(res["logits"] - r["logits"]).max() <= 1e-5
+        checked.add(pl.name)
+        if pl.name == "none.json":  # nothing at the edge: only the cloud runs experts
+            assert sum(v for n, v in executed.items() if n != "cloud") == 0 and executed["cloud"] > 0
+        if pl.name == "all.json":  # everything at the edge: the cloud runs nothing
+            assert executed["cloud"] == 0 and sum(executed.values()) > 0
+    assert checked == {"none.json", "all.json", "slim.json"}
+
+
+def test_per_token_prediction_matches_the_latency_model(model_dirs, tmp_path):
+    """Each decoded token's prediction is SPEC section 3 for its sets, and averaged over the
+    profile's distribution the same formula gives ``evaluate``'s T-bar for that user."""
+    from slimcaching.evaluation import problem_for
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+    from slimcaching.scenario import load_scenario
+
+    d = model_dirs("mixtral")
+    sc, pl = _setups(tmp_path, d)[2]
+    ctx = load_context(sc, pl, d)
+    lay = ctx.layout
+    scen = load_scenario(sc)
+    base = build_problem(scen)
+    placement = load_placement(pl, base)
+    problem = problem_for(scen, placement) if placement.local else base
+    from slimcaching.evaluation import breakdown
+
+    prof = scen.profiles["p"]
+    expected = lay.user_dense_s["u0"] + sum(
+        float(p) * lay.predict_layer_s("u0", list(map(int, s)), li)
+        for li, lp in enumerate(prof.layers) for s, p in zip(lp.sets, lp.probs))
+    got = next(u["mean_token_latency_s"] for u in breakdown(problem, placement.x)["users"] if u["user"] == "u0")
+    assert abs(expected - got) <= 1e-12 * max(1.0, got)
+
+
+def test_protocol_round_trip_and_rejections():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frames = protocol.encode({"op": "run", "id": 7, "layer": 1}, [x])
+    h, (y,) = protocol.decode([bytes(f) for f in frames])
+    assert h["op"] == "run" and h["id"] == 7 and np.array_equal(x, y)
+    bad = [
+        [b"\xc1garbage"],
+        [protocol.encode({"op": "run", "id": 1})[0][:3]],
+        [bytes(protocol.encode({"op": "nope", "id": 1})[0])],
+        [bytes(protocol.encode({"op": "ping", "id": "x"})[0])],
+        [bytes(frames[0]), b"\x00" * 5],  # wrong body size
+        [bytes(frames[0])],  # missing body
+        [__import__("msgpack").packb({"v": 99, "op": "ping", "id": 1})],
+        [__import__("msgpack").packb({"v": 1, "op": "ping", "id": 1,
+                                      "tensors": [{"dtype": "object", "shape": [1]}]}), b"\x00" * 8],
+        [__import__("msgpack").packb(__import__("msgpack").ExtType(1, b"x"))],
+    ]
+    for msg in bad:
+        with pytest.raises(protocol.ProtocolError):
+            protocol.decode(msg)
+
+
+def test_node_rejects_malformed_messages_and_keeps_serving(model_dirs, tmp_path):
+    d = model_dirs("qwen3_moe")
+    sc, pl = _setups(tmp_path, d)[1]
+    ctx = load_context(sc, pl, d)
+    with thread_cluster(ctx) as (servers, addrs):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(addrs["e0"])
+        try:
+            x = np.zeros((1, 16), np.float32)
+            cases = [[b"not msgpack"],
+                     protocol.encode({"op": "run", "id": 2, "model": "tiny", "layer": 99, "assign": [[0, [0]]]}, [x]),
+                     protocol.encode({"op": "run", "id": 3, "model": "tiny", "layer": 0, "assign": [[0, [5]]]}, [x]),
+                     protocol.encode({"op": "run", "id": 4, "model": "other", "layer": 0, "assign": [[0, [0]]]}, [x]),
+                     protocol.encode({"op": "result", "id": 5})]
+            for frames in cases:
+                s.send_multipart(frames)
+                assert s.poll(5000)
+                h, _ = protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
+                assert h["op"] == "error" and h["reason"]
+            s.send_multipart(protocol.encode({"op": "ping", "id": 9}))
+            assert s.poll(5000)
+            h, _ = protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
+            assert h["op"] == "pong" and h["stats"]["rejected"] == len(cases)
+        finally:
+            s.close(0)
+
+
+def test_link_emulation_schedules_like_the_model():
+    from slimcaching.runtime.linkemu import Link, schedule_path
+
+    link = Link(8e6, 0.005)  # 1 MB/s, 5 ms one way
+    assert link.schedule(1000, 10.0) == pytest.approx(10.0 + 0.001 + 0.005)
+    # a second message handed over at once queues behind the first one's serialisation
+    assert link.schedule(1000, 10.0) == pytest.approx(10.0 + 0.002 + 0.005)
+    # two hops store-and-forward: the sum of the per-hop costs of SPEC's w
+    a, b = Link(8e6, 0.001), Link(4e6, 0.002)
+    assert schedule_path([a, b], 500, 0.0) == pytest.approx((0.0005 + 0.001) + (0.001 + 0.002))
+
+
+def test_emulated_round_trip_is_accurate(model_dirs, tmp_path):
+    """Layer round trips through emulated links match SPEC's a_u + r_e (loose bound for CI)."""
+    d = model_dirs("mixtral")
+    data = scenario_dict(d, capacity="10 MB", cache="0 B", rtt="10 ms", link_rtt="6 ms", uplink="20 Mbit/s",
+                         downlink="20 Mbit/s", server_flops="1 MFLOPS", cloud_flops="1 MFLOPS",
+                         user_flops="0.2 MFLOPS")
+    sc = write_scenario(tmp_path / "emu.yaml", data)
+    pl = all_edge_placement(sc, tmp_path / "all.json")
+    ctx = load_context(sc, pl, d)
+    opts = RunOptions(str(sc), str(pl), str(d), prompts=PROMPTS[:1], max_new_tokens=6, emulate=True, pace=True)
+    with thread_cluster(ctx, emulate=True, pace=True) as (_, addrs):
+        session = device_session(ctx, "u0", PROMPTS[:1], addrs, opts)
+    ratios = [s["measured_s"] / s["predicted_s"] for r in session["results"] for s in r["steps"]
+              if s.get("tokens") == 1]
+    assert len(ratios) == 5
+    assert 0.95 <= float(np.median(ratios)) <= 1.25, ratios
+
+
+# ---- processes: the launcher, failures, bad input ----------------------------------------------
+
+
+def _run(tmp_path, sc, pl, d, *extra, tokens: int = 6):
+    out = tmp_path / "run.json"
+    code = main(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", PROMPTS[0],
+                 "--max-new-tokens", str(tokens), "--json", str(out), *extra])
+    return code, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def _no_node_processes():
+    time.sleep(0.2)
+    mine = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"slimcaching.runtime.node" in cmd and ppid == os.getpid():
+            mine.append(pid)
+    return not mine
+
+
+def test_kill_an_edge_server_mid_generation_loses_no_token(model_dirs, tmp_path):
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB", cache="0 B"))
+    pl = all_edge_placement(sc, tmp_path / "all.json")
+    # u0 is homed at e0; e1 holds half of the experts. Kill it after 2 tokens, restart after 4.
+    code, rep = _run(tmp_path, sc, pl, d, "--kill", "e1@2", "--restart", "e1@4", "--retry-after", "0.05",
+                     "--deadline-floor", "0.2", tokens=12)
+    assert code == 0
+    assert rep["tokens_identical"] and rep["max_abs_logit_diff"] <= 1e-5
+    assert [f["event"] for f in rep["failures"]] == ["killed", "restarted"]
+    node_fb = rep["fallbacks"]["nodes"]["e0"]
+    assert any(f["holder"] == "e1" for f in node_fb)
+    # the restarted e1 served again (its counters start from zero when it restarts)
+    assert rep["nodes"]["e1"]["alive"] and sum(rep["nodes"]["e1"]["stats"]["executed"].values()) > 0
+    assert _no_node_processes()
+
+
+def test_home_server_dies_device_goes_to_the_cloud(model_dirs, tmp_path):
+    d = model_dirs("olmoe")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB", cache="0 B"))
+    pl = all_edge_placement(sc, tmp_path / "all.json")
+    code, rep = _run(tmp_path, sc, pl, d, "--kill", "e0@1", "--deadline-floor", "0.2")
+    assert code == 0 and rep["tokens_identical"]
+    fb = rep["fallbacks"]["devices"]
+    assert fb and fb[0]["node"] == "e0" and fb[0]["to"] == "cloud"
+    assert sum(rep["nodes"]["cloud"]["stats"]["executed"].values()) > 0
+
+
+def test_no_copy_anywhere_is_one_clear_error(model_dirs, tmp_path, capsys):
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="0 B"))
+    pl = solve(sc, "none", tmp_path / "none.json")
+    t0 = time.time()
+    code, rep = _run(tmp_path, sc, pl, d, "--kill", "cloud@1", "--deadline-floor", "0.1", "--no-reference")
+    err = capsys.readouterr().err
+    assert code == 2 and rep is None
+    assert "no live holder" in err and "Traceback" not in err
+    assert time.time() - t0 < 120
+    assert _no_node_processes()
+
+
+def test_concurrent_users_and_pace(model_dirs, tmp_path):
+    d = model_dirs("qwen2_moe")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB", users=2,
+                                                             server_flops="2 MFLOPS", user_flops="0.5 MFLOPS"))
+    pl = solve(sc, "slimcaching", tmp_path / "slim.json")
+    code, rep = _run(tmp_path, sc, pl, d, "--users", "u0,u1", "--pace")
+    assert code == 0 and rep["tokens_identical"]
+    assert {g["user"] for g in rep["generated"]} == {"u0", "u1"}
+    assert len(rep["per_token"]) == 2 * 5
+    for row in rep["per_token"]:
+        assert row["predicted_s"] > 0 and row["measured_s"] > 0 and len(row["route"]) == 2
+        assert set(row["breakdown"]) >= {"device_compute_s", "access_s", "relay_s", "remote_compute_s",
+                                         "queue_s", "serialise_s", "overhead_s"}
+    for st in rep["nodes"].values():
+        assert st["rss_bytes"] > 0
+
+
+@pytest.mark.ray
+def test_ray_launcher(model_dirs, tmp_path):
+    pytest.importorskip("ray")
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
+    pl = solve(sc, "slimcaching", tmp_path / "slim.json")
+    code, rep = _run(tmp_path, sc, pl, d, "--launcher", "ray")
+    assert code == 0 and rep["tokens_identical"]
+    assert all(st["alive"] for st in rep["nodes"].values())
+
+
+def test_bad_inputs_one_line_no_orphans(model_dirs, tmp_path, capsys):
+    d = model_dirs("mixtral")
+    other = model_dirs("qwen3_moe")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB"))
+    pl = solve(sc, "none", tmp_path / "none.json")
+    bad_pl = tmp_path / "bad.json"
+    bad_pl.write_text(json.dumps({"format": "slimcaching/placement@1", "edge": {"e0": [["tiny", 0, 99]]}}))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    busy = zmq.Context.instance().socket(zmq.ROUTER)
+    busy_port = busy.bind_to_random_port("tcp://127.0.0.1")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"scenario: sc.yaml\nplacement: none.json\nmodel: {d}\n"
+                       f"nodes: {{e0: 127.0.0.1:{busy_port}, e1: '127.0.0.1:1', cloud: '127.0.0.1:2'}}\n")
+    dead = tmp_path / "dead.yaml"
+    dead.write_text(f"scenario: sc.yaml\nplacement: none.json\nmodel: {d}\n"
+                    "nodes: {e0: '127.0.0.1:1', e1: '127.0.0.1:2', cloud: '127.0.0.1:3'}\n")
+    cases = [
+        (["cluster", "run", str(sc), str(bad_pl), "--model", str(d), "--prompt", "w1"], "layer or expert"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(other), "--prompt", "w1"], "does not match"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(tmp_path / "nope"), "--prompt", "w1"], "not found"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompts", str(empty)], "no prompts"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--kill", "zz@1"], "unknown node"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--kill", "e0"], "NODE@TOKEN"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--users", "bob"], "unknown user"),
+        (["node", "e0", "--cluster", str(cluster)], "cannot listen"),
+        (["generate", "--cluster", str(dead), "--user", "u0", "--prompt", "w1", "--max-new-tokens", "2",
+          "--deadline-floor", "0.05"], "no live home server"),
+    ]
+    try:
+        for argv, needle in cases:
+            code = main(argv)
+            err = capsys.readouterr().err
+            lines = [ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith("Loading")]
+            assert code != 0, argv
+            assert needle in err, (argv, err)
+            assert "Traceback" not in err and lines and lines[-1].startswith("error:"), err
+    finally:
+        busy.close(0)
+    assert _no_node_processes()
+
+
+def test_model_numbers_from_a_directory(model_dirs, tmp_path):
+    from slimcaching.hf import find_moe_layers, load_model
+    from slimcaching.model_dir import model_numbers
+    from slimcaching.scenario import canonical_json, load_scenario
+
+    for family in ("mixtral", "deepseek_v3", "gpt_oss"):
+        d = model_dirs(family)
+        nums = model_numbers(d)
+        model, _ = load_model(str(d))
+        blocks = [b for b in find_moe_layers(model) if b[2] == "indices"]
+        per_expert = sum(p.numel() for p in blocks[0][1].experts.parameters()) / nums["experts"]
+        total = sum(t.numel() for t in model.state_dict().values())  # persistent buffers are saved too
+        assert nums["layers"] == len(blocks) and nums["precision"] == "fp32"
+        assert nums["expert_bytes"] == 4 * per_expert and nums["expert_flops"] == 2 * per_expert
+        assert nums["dense_bytes"] + nums["layers"] * nums["experts"] * nums["expert_bytes"] == 4 * total
+        assert nums["hidden_bytes"] == 4 * model.config.hidden_size
+        assert nums["dense_flops"] > 0
+    # canonical export keeps the directory and the numbers, and round-trips unchanged
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(model_dirs("mixtral")))
+    text = canonical_json(load_scenario(sc))
+    assert json.loads(text)["models"][0]["hf"] == str(model_dirs("mixtral").resolve())
+    (tmp_path / "c.json").write_text(text)
+    assert canonical_json(load_scenario(tmp_path / "c.json")) == text
+    # bf16 deployment of an fp32 checkpoint: bytes halve, flops stay
+    half = model_numbers(model_dirs("mixtral"), "bf16")
+    full = model_numbers(model_dirs("mixtral"))
+    assert half["expert_bytes"] * 2 == full["expert_bytes"] and half["expert_flops"] == full["expert_flops"]
+
+
+def test_hf_model_entry_errors(tmp_path, capsys):
+    data = scenario_dict(tmp_path / "missing")
+    sc = write_scenario(tmp_path / "sc.yaml", data)
+    assert main(["validate", str(sc)]) == 2
+    err = capsys.readouterr().err
+    assert "models[0].hf" in err and "not found" in err
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "config.json").write_text("{}")
+    data = scenario_dict(tmp_path / "dense")
+    sc = write_scenario(tmp_path / "sc2.yaml", data)
+    assert main(["validate", str(sc)]) == 2
+    assert "models[0].hf" in capsys.readouterr().err
