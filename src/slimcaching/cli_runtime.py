@@ -89,6 +89,10 @@ def cluster_run(
     deadline_factor: DeadlineOpt = 3.0,
     deadline_floor: FloorOpt = 0.25,
     retry_after: RetryOpt = 2.0,
+    rate: Annotated[float | None, typer.Option("--rate", min=0.001, help="Tokens/s per user, Poisson arrivals "
+                                               "(default: back to back); adds the comparison with "
+                                               "simulate --queueing.")] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the arrivals.")] = 0,
     launcher: Annotated[str, typer.Option("--launcher", help="local (subprocesses) or ray (actors).")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster to join (--launcher ray); "
                                                 "default: a local Ray instance.")] = None,
@@ -109,7 +113,8 @@ def cluster_run(
                       [u.strip() for u in users.split(",") if u.strip()] if users else [],
                       max_new_tokens, not no_emulate, pace, not no_reference,
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
-                      deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address)
+                      deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
+                      rate=rate, seed=seed)
     report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     if json_out is not None:
         _write_json(json_out, report)
@@ -129,6 +134,10 @@ def cluster_run(
         rss = st.get("rss_bytes")
         t.add_row(f"node {n}", f"{st['experts_held']} experts, RSS {rss / 2**20:.0f} MiB" if rss
                   else f"{st['experts_held']} experts, not running")
+    if "load" in report:
+        ld = report["load"]
+        t.add_row("queueing per token: measured / simulated",
+                  f"{_ms(ld['measured_mean_queue_s'])} / {_ms(ld['simulated_queueing_s'])}")
     nfb = len(report["fallbacks"]["devices"]) + sum(len(v) for v in report["fallbacks"]["nodes"].values())
     if report["failures"] or nfb:
         t.add_row("failures / fallbacks", f"{len(report['failures'])} / {nfb}")

@@ -314,11 +314,12 @@ def load_device_model(model_dir, layout: Layout, user: str):
 
 
 def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceClient | None = None,
-             *, pace: bool = False, dense_s: float = 0.0, dense_exec=None, on_token=None) -> dict:
+             *, pace: bool = False, dense_s: float = 0.0, dense_exec=None, on_token=None, arrivals=None) -> dict:
     """Greedy generation of one prompt; with a client, one record per forward step.
 
     ``dense_exec(tokens)`` is the modelled dense time of a step; with ``pace`` the device pads
-    its real dense compute (the step minus the time in expert layers) up to it.
+    its real dense compute (the step minus the time in expert layers) up to it. ``arrivals()``, if
+    given, returns when the next step may start (a load generator); the wait is not measured.
     Returns ``{"tokens", "logits", "steps"}`` (steps: prefill first, then one per decoded token).
     """
     import torch
@@ -328,6 +329,8 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceC
     state = {}
 
     def pre(module, args, kwargs):
+        if arrivals is not None:
+            sleep_until(arrivals())
         state["t0"] = time.time()
         if client is not None:
             ids = kwargs.get("input_ids", args[0] if args else None)
@@ -338,7 +341,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceC
     def post(module, args, kwargs, output):
         end = time.time()
         fwd = end - state["t0"]
-        rec = {"forward_s": fwd}
+        rec = {"forward_s": fwd, "t0": state["t0"]}
         if client is not None:
             step = client.step
             dense_real = fwd - client.expert_seconds

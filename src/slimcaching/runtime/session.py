@@ -48,6 +48,8 @@ class RunOptions:
     start_timeout_s: float = 120.0
     launcher: str = "local"
     ray_address: str | None = None
+    rate: float | None = None  # tokens/s per user (Poisson arrivals); None: back to back
+    seed: int = 0
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
@@ -98,11 +100,22 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
         if between_tokens is not None:
             between_tokens()
 
+    arrivals = None
+    if opts.rate:
+        rng = np.random.default_rng([opts.seed, sorted(lay.homes).index(user)])
+        clock = {"next": time.time()}
+
+        def arrivals() -> float:
+            # open-loop Poisson arrivals; a token whose arrival has passed starts at once
+            at = clock["next"]
+            clock["next"] = max(at, time.time()) + rng.exponential(1.0 / opts.rate)
+            return at
+
     results = []
     try:
         for pi, prompt in enumerate(prompts):
             r = generate(model, tok, prompt, opts.max_new_tokens, client, pace=opts.pace,
-                         dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick)
+                         dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick, arrivals=arrivals)
             results.append({"user": user, "prompt": pi, "tokens": r["tokens"], "logits": r["logits"],
                             "steps": r["steps"]})
     finally:
@@ -226,7 +239,53 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             st["experts_held"] = len(lay.held[n])
         events = cluster.events
     wall = time.time() - t_start
-    return _report(ctx, opts, users, sessions, reference, nodes, events, wall)
+    report = _report(ctx, opts, users, sessions, reference, nodes, events, wall)
+    if opts.rate:
+        report["load"] = load_comparison(ctx, opts, users, sessions, report)
+    return report
+
+
+def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict], report: dict) -> dict:
+    """Measured queueing against ``simulate --queueing`` for the same users at the rate achieved."""
+    import copy
+
+    from slimcaching.problem import build_problem
+    from slimcaching.queueing import simulate_queueing
+    from slimcaching.scenario import WorkloadEntry
+
+    achieved = {}
+    for s in sessions:
+        starts = sorted(st["t0"] for res in s["results"] for st in res["steps"])
+        achieved[s["user"]] = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+    sc = copy.copy(ctx.scenario)
+    sc._index = {}
+    sc.users = []
+    for u in ctx.scenario.users:
+        if u.name in users:
+            nu = copy.copy(u)
+            nu.rate = max(achieved[u.name], 1e-9)
+            prof = next(w.profile for w in u.workload if w.model == ctx.layout.model)
+            nu.workload = [WorkloadEntry(ctx.layout.model, 1.0, prof)]
+            sc.users.append(nu)
+    problem = build_problem(sc)
+    x = problem.empty_placement()
+    for n, server in enumerate(problem.server_names):
+        for mn, layer, e in ctx.placement["edge"].get(server, []):
+            x[n, problem.item_index(mn, layer, e)] = True
+    sim = simulate_queueing(problem, x, tokens=20000, load=1.0, seed=opts.seed)
+    rows = report["per_token"]
+    queue = [r["breakdown"]["queue_s"] for r in rows]
+    return {
+        "target_rate_per_user": opts.rate,
+        "achieved_rate_per_user": achieved,
+        "measured_mean_queue_s": float(np.mean(queue)) if queue else None,
+        "measured_minus_predicted_s": (report["measured_mean_token_latency_s"] or 0.0)
+        - (report["predicted_mean_token_latency_s"] or 0.0),
+        "simulated_mean_token_latency_s": sim["mean_token_latency_s"],
+        "simulated_analytic_s": sim["analytic_mean_token_latency_s"],
+        "simulated_queueing_s": sim["mean_token_latency_s"] - sim["analytic_mean_token_latency_s"],
+        "simulated_server_utilisation": sim["server_utilisation"],
+    }
 
 
 def _reference(ctx, opts: RunOptions) -> list[dict]:
