@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench runtime-demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,16 @@ test: $(VENV)/.full
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
+runtime-demo: $(VENV)/.full
+	$(BIN)/python -m slimcaching.runtime.tiny examples/runtime/tiny-moe
+	$(BIN)/slimcaching solve examples/runtime/scenario.yaml -a slimcaching -o examples/runtime/placement.json
+	$(BIN)/slimcaching cluster run examples/runtime/scenario.yaml examples/runtime/placement.json \
+	    --model examples/runtime/tiny-moe --prompts examples/runtime/prompts.txt --max-new-tokens 16 --pace \
+	    --json examples/runtime/run.json
+
 bench: $(VENV)/.full
 	$(BIN)/python benchmarks/bench_evaluate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache examples/runtime/tiny-moe examples/runtime/placement.json \
+	    examples/runtime/run.json

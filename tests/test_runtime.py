@@ -386,3 +386,128 @@ def test_hf_model_entry_errors(tmp_path, capsys):
     sc = write_scenario(tmp_path / "sc2.yaml", data)
     assert main(["validate", str(sc)]) == 2
     assert "models[0].hf" in capsys.readouterr().err
+
+
+def test_readme_example_end_to_end(tmp_path):
+    """The README's path: tiny model builder, the example scenario, solve, cluster run --pace."""
+    import shutil
+    from pathlib import Path
+
+    from slimcaching.runtime.tiny import main as tiny_main
+
+    ex = Path(__file__).resolve().parents[1] / "examples" / "runtime"
+    shutil.copy(ex / "scenario.yaml", tmp_path / "scenario.yaml")
+    shutil.copy(ex / "prompts.txt", tmp_path / "prompts.txt")
+    assert tiny_main([str(tmp_path / "tiny-moe")]) == 0
+    pl = solve(tmp_path / "scenario.yaml", "slimcaching", tmp_path / "placement.json")
+    out = tmp_path / "run.json"
+    assert main(["cluster", "run", str(tmp_path / "scenario.yaml"), str(pl), "--model", str(tmp_path / "tiny-moe"),
+                 "--prompts", str(tmp_path / "prompts.txt"), "--max-new-tokens", "4", "--pace",
+                 "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["tokens_identical"] and len(rep["per_token"]) == 3 * 3
+    # loose: with pacing the measured time is the modelled one plus software overhead
+    assert 0.9 <= rep["ratio_median"] <= 1.5
+
+
+def test_nodes_stop_when_the_launcher_is_killed(model_dirs, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d))
+    pl = solve(sc, "none", tmp_path / "none.json")
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from slimcaching.runtime.launch import LocalCluster\n"
+        f"c = LocalCluster(['e0', 'e1', 'cloud'], {str(sc)!r}, {str(pl)!r}, {str(d)!r}, 'tiny',\n"
+        f"                 Path({str(tmp_path)!r}))\n"
+        "c.__enter__()\n"
+        "print(' '.join(str(p.proc.pid) for p in c.nodes.values()), flush=True)\n"
+        "time.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in launcher.stdout.readline().split()]
+        assert len(pids) == 3
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(os.path.exists(f"/proc/{p}") and
+                                             open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids):
+            time.sleep(0.1)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+        assert not alive
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, capsys):
+    """`slimcaching node` per node (as on separate hosts) and `slimcaching generate` as the device."""
+    import subprocess
+    import sys
+
+    d = model_dirs("qwen3_moe")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
+    pl = solve(sc, "slimcaching", tmp_path / "slim.json")
+    ports = _free_ports(3)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"scenario: sc.yaml\nplacement: slim.json\nmodel: {d}\n"
+                       f"nodes: {{e0: '127.0.0.1:{ports[0]}', e1: '127.0.0.1:{ports[1]}', "
+                       f"cloud: '127.0.0.1:{ports[2]}'}}\n")
+    procs = [subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "node", n, "--cluster", str(cluster)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for n in ("e0", "e1", "cloud")]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("READY")
+        out = tmp_path / "gen.json"
+        assert main(["generate", "--cluster", str(cluster), "--user", "u1", "--prompt", PROMPTS[0],
+                     "--max-new-tokens", "5", "--json", str(out)]) == 0
+        rep = json.loads(out.read_text())
+        ctx = load_context(sc, pl, d)
+        ref = _reference(ctx, RunOptions(str(sc), str(pl), str(d), prompts=[PROMPTS[0]], max_new_tokens=5))
+        assert rep["generated"][0]["tokens"] == ref[0]["tokens"]
+        assert len(rep["per_token"]) == 4 and rep["predicted_mean_token_latency_s"] > 0
+        assert "measured" in capsys.readouterr().err
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def test_load_comparison_with_the_queueing_simulation(model_dirs, tmp_path):
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB", cache="0 B", users=2,
+                                                             server_flops="0.5 MFLOPS", user_flops="1 MFLOPS"))
+    pl = all_edge_placement(sc, tmp_path / "all.json")
+    code, rep = _run(tmp_path, sc, pl, d, "--users", "u0,u1", "--pace", "--rate", "20", "--no-reference",
+                     tokens=8)
+    assert code == 0
+    ld = rep["load"]
+    assert set(ld["achieved_rate_per_user"]) == {"u0", "u1"}
+    assert all(0 < r < 40 for r in ld["achieved_rate_per_user"].values())
+    assert ld["measured_mean_queue_s"] >= 0 and ld["simulated_queueing_s"] >= 0
+    assert ld["simulated_analytic_s"] > 0
+
+
+def test_calibrate_prints_flops(model_dirs, capsys):
+    d = model_dirs("olmoe")
+    assert main(["calibrate", "--model", str(d), "--tokens", "4", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["dense_flops_per_s"] > 0 and r["expert_flops_per_s"] > 0 and r["expert_s"] > 0

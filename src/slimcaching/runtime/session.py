@@ -94,9 +94,8 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
         return exec_time(m.dense_flops * tokens, m.dense_bytes, flops, bw)
 
     def tick():
-        if counter is not None:
-            with counter.get_lock():
-                counter.value += 1
+        if counter is not None:  # (shared array, this device's slot): no lock needed
+            counter[0][counter[1]] += 1
         if between_tokens is not None:
             between_tokens()
 
@@ -127,18 +126,29 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
 _COUNTER = None
 
 
+class TokenCounter:
+    """Decoded tokens of all devices: one lock-free slot per device in shared memory."""
+
+    def __init__(self, devices: int):
+        self.slots = mp.get_context("spawn").RawArray("q", devices)
+
+    @property
+    def value(self) -> int:
+        return int(sum(self.slots))
+
+
 def _init_worker(counter) -> None:
     global _COUNTER
     _COUNTER = counter
 
 
 def _worker(args) -> dict:
-    scenario, placement, model_dir, model_name, user, prompts, addresses, opts = args
-    counter = _COUNTER
+    scenario, placement, model_dir, model_name, user, prompts, addresses, opts, slot = args
+    counter = (_COUNTER, slot)
     from slimcaching.runtime.cluster import load_context
 
-    ctx = load_context(scenario, placement, model_dir, model_name)
     try:
+        ctx = load_context(scenario, placement, model_dir, model_name)
         return device_session(ctx, user, prompts, addresses, opts, counter)
     except Exception as exc:  # returned to the launcher as one line
         return {"user": user, "error": f"{type(exc).__name__}: {exc}"}
@@ -199,7 +209,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
         say("reference: monolithic model")
         reference = _reference(ctx, opts)
     workdir = Path(tempfile.mkdtemp(prefix="slimcaching-cluster-"))
-    counter = mp.get_context("spawn").Value("q", 0)
+    counter = TokenCounter(len(users))
     t_start = time.time()
     say(f"starting {len(lay.nodes)} nodes ({', '.join(lay.nodes)})")
     with LocalCluster(lay.nodes, opts.scenario, opts.placement, str(ctx.model_dir), lay.model, workdir,
@@ -215,15 +225,17 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             say(f"generating for {', '.join(users)}")
             if len(users) == 1:
                 try:
-                    sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts, counter,
+                    sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts,
+                                               (counter.slots, 0),
                                                between_tokens=chaos.due)]
                 except ClusterError as exc:
                     raise ScenarioError("cluster", str(exc)) from None
             else:
                 pool_ctx = mp.get_context("spawn")
-                with pool_ctx.Pool(len(users), initializer=_init_worker, initargs=(counter,)) as pool:
+                with pool_ctx.Pool(len(users), initializer=_init_worker, initargs=(counter.slots,)) as pool:
                     sessions = pool.map(_worker, [(opts.scenario, opts.placement, str(ctx.model_dir), lay.model,
-                                                   u, opts.prompts, cluster.addresses, opts) for u in users])
+                                                   u, opts.prompts, cluster.addresses, opts, i)
+                                                  for i, u in enumerate(users)])
         finally:
             chaos.stop_flag.set()
             if chaos.is_alive():

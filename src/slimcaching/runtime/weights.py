@@ -97,7 +97,9 @@ class ExpertSource:
                 if tuple(value.shape) != tuple(p.shape[1:]):
                     raise ScenarioError("model", f"{block}.experts {name}: checkpoint shape {tuple(value.shape)} "
                                         f"does not fit {tuple(p.shape[1:])}", str(self.directory))
-                p.data = value.unsqueeze(0).to(value.dtype).contiguous()
+                # a private copy: no page of the checkpoint's mmap stays referenced, so a node's
+                # resident memory is exactly the experts it holds
+                p.data = value.unsqueeze(0).contiguous().clone()
         module.eval()
         module.requires_grad_(False)
         return module

@@ -1,0 +1,274 @@
+"""Runtime benchmarks (``python benchmarks/bench_runtime.py [section ...] [--json out.json]``).
+
+Sections (all by default):
+
+* ``transport``: loopback round trip of one message through pyzmq + our protocol (echo process),
+  4 KiB and 64 KiB payloads, and the encode + decode cost alone;
+* ``emulation``: link emulation accuracy over a grid of rates, RTTs and message sizes: a sender
+  schedules each message on a :class:`Link`, an echo process in another process holds it until
+  its ``deliver_at`` and reports when it released it; error = released - (sent + 8 S / rate +
+  RTT/2), also for bursts of 4 back-to-back messages (queueing on a busy link);
+* ``overhead``: per-token time of ``cluster run --no-emulate`` (no pacing) against the monolithic
+  model, on a tiny model;
+* ``predicted``: ``cluster run --pace`` with emulation, three placements x two link profiles:
+  measured / predicted per token (median), and whether placements rank as predicted;
+* ``memory``: RSS per node against the experts it holds (a model with 3 MiB experts).
+
+Numbers depend on the machine; the closing note of the runtime issue has this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ECHO = r'''
+import sys, time, zmq
+from slimcaching.runtime import protocol
+from slimcaching.runtime.linkemu import sleep_until
+ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.setsockopt(zmq.LINGER, 0)
+port = s.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
+while True:
+    frames = s.recv_multipart(copy=False)
+    ident, body = frames[0].bytes, [f.buffer for f in frames[1:]]
+    h, t = protocol.decode(body)
+    if h["op"] == "shutdown":
+        break
+    at = h.get("deliver_at") or 0.0
+    if at:
+        sleep_until(at)
+    released = time.time()
+    reply = protocol.encode({"op": "pong", "id": h["id"], "released": released}, t if h.get("echo") else [])
+    s.send_multipart([ident] + reply)
+'''
+
+
+def _echo():
+    p = subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
+    port = int(p.stdout.readline())
+    import zmq
+
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    return p, s
+
+
+def _stop(p, s):
+    from slimcaching.runtime import protocol
+
+    s.send_multipart(protocol.encode({"op": "shutdown", "id": 0}))
+    p.wait(5)
+    s.close(0)
+
+
+def bench_transport() -> dict:
+    from slimcaching.runtime import protocol
+
+    p, s = _echo()
+    out = {}
+    try:
+        for size in (4096, 65536):
+            x = np.zeros(size // 4, np.float32)
+            rts = []
+            for i in range(2000):
+                t0 = time.perf_counter()
+                s.send_multipart(protocol.encode({"op": "ping", "id": i, "echo": True}, [x]))
+                protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
+                rts.append(time.perf_counter() - t0)
+            codec = []
+            for i in range(2000):
+                t0 = time.perf_counter()
+                frames = protocol.encode({"op": "run", "id": i, "layer": 0, "assign": [[0, [0]]]}, [x])
+                protocol.decode([bytes(f) for f in frames])
+                codec.append(time.perf_counter() - t0)
+            out[f"{size // 1024} KiB"] = {"round_trip_median_us": 1e6 * statistics.median(rts[200:]),
+                                          "round_trip_p99_us": 1e6 * float(np.percentile(rts[200:], 99)),
+                                          "encode_decode_median_us": 1e6 * statistics.median(codec[200:])}
+    finally:
+        _stop(p, s)
+    return out
+
+
+def bench_emulation() -> dict:
+    from slimcaching.runtime import protocol
+    from slimcaching.runtime.linkemu import Link
+
+    p, s = _echo()
+    rows = []
+    try:
+        for rate in (10e6, 50e6, 100e6, 1e9):
+            for rtt in (0.0, 0.002, 0.01, 0.04):
+                for size in (4096, 65536, 262144):
+                    x = np.zeros(size // 4, np.float32)
+                    errs, burst_errs = [], []
+                    for rep in range(12):
+                        link = Link(rate, rtt / 2)
+                        burst = rep % 3 == 2  # every third trial: 4 messages handed over at once
+                        n = 4 if burst else 1
+                        now = time.time()
+                        sent = []
+                        for i in range(n):
+                            frames = protocol.encode({"op": "ping", "id": i}, [x])
+                            nbytes = protocol.message_bytes(frames)
+                            at = link.schedule(nbytes, now)
+                            s.send_multipart(protocol.encode({"op": "ping", "id": i, "deliver_at": at}, [x]))
+                            sent.append((now, at, (i + 1) * 8 * nbytes / rate + rtt / 2))
+                        for _ in range(n):
+                            h, _ = protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
+                            t_sent, _, ideal = sent[h["id"]]
+                            err = (h["released"] - t_sent) - ideal
+                            (burst_errs if burst else errs).append((err, ideal))
+                        time.sleep(0.002)
+                    all_e = errs + burst_errs
+                    worst = max(abs(e) for e, _ in all_e)
+                    ideal_mean = statistics.mean(i for _, i in all_e)
+                    rows.append({"rate_mbps": rate / 1e6, "rtt_ms": rtt * 1e3, "size_kib": size / 1024,
+                                 "ideal_one_way_ms": 1e3 * statistics.mean(i for _, i in errs),
+                                 "median_error_ms": 1e3 * statistics.median(e for e, _ in errs),
+                                 "worst_error_ms": 1e3 * worst,
+                                 "burst_median_error_ms": 1e3 * statistics.median(e for e, _ in burst_errs),
+                                 "within_bound": bool(all(abs(e) <= max(0.05 * i, 0.0005) for e, i in all_e)),
+                                 "ideal_mean_ms": 1e3 * ideal_mean})
+    finally:
+        _stop(p, s)
+    ok = sum(r["within_bound"] for r in rows)
+    return {"grid": rows, "cells_within_max(5%,0.5ms)": f"{ok}/{len(rows)}"}
+
+
+def _scenario(model_dir: Path, path: Path, *, capacity: str, access_rtt: str, uplink: str, link_rtt: str = "2 ms",
+              cloud_rtt: str = "30 ms") -> Path:
+    data = {
+        "name": "bench-runtime",
+        "models": [{"name": "tiny", "hf": str(model_dir)}],
+        "cloud": {"flops": "100 MFLOPS"},
+        "servers": [{"name": f"e{i}", "capacity_bytes": capacity, "flops": "40 MFLOPS",
+                     "cloud_rate_bps": "100 Mbit/s", "cloud_rtt_s": cloud_rtt} for i in range(3)],
+        "server_links": [{"a": "e0", "b": "e1", "rate_bps": "1 Gbit/s", "rtt_s": link_rtt},
+                         {"a": "e1", "b": "e2", "rate_bps": "1 Gbit/s", "rtt_s": link_rtt}],
+        "profiles": {"chat": {"synthetic": {"model": "tiny", "task": "sqa", "tokens": 2000}}},
+        "user_groups": [{"prefix": "u", "count": 6, "homes": "all", "uplink_bps": uplink,
+                         "downlink_bps": "100 Mbit/s", "rtt_s": access_rtt, "flops": "4 MFLOPS",
+                         "cache_bytes": "200 kB", "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}],
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _cli(*argv) -> None:
+    from slimcaching.cli import main
+
+    code = main(list(argv))
+    if code != 0:
+        raise SystemExit(f"command failed ({code}): {' '.join(argv)}")
+
+
+def _run(sc, pl, model, tmp, *extra, tokens=16) -> dict:
+    out = tmp / "run.json"
+    _cli("cluster", "run", str(sc), str(pl), "--model", str(model), "--prompts", str(tmp / "prompts.txt"),
+         "--max-new-tokens", str(tokens), "--json", str(out), *extra)
+    return json.loads(out.read_text())
+
+
+def _model(tmp: Path, **kw) -> Path:
+    from slimcaching.runtime.tiny import build_tiny_model
+
+    d = tmp / ("model-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items())))
+    if not d.exists():
+        build_tiny_model(d, **kw)
+    (tmp / "prompts.txt").write_text("w5 w17 w42 w8\nw100 w3 w77\nw9 w9 w12 w33 w60\n")
+    return d
+
+
+def bench_overhead(tmp: Path) -> dict:
+    model = _model(tmp)
+    sc = _scenario(model, tmp / "oh.yaml", capacity="400 kB", access_rtt="5 ms", uplink="50 Mbit/s")
+    pl = tmp / "oh-pl.json"
+    _cli("solve", str(sc), "-a", "slimcaching", "-o", str(pl))
+    r = _run(sc, pl, model, tmp, "--no-emulate")
+    per = r["measured_mean_token_latency_s"]
+    mono = r["monolithic_mean_step_s"]
+    layers = 2
+    return {"cluster_no_emulation_ms_per_token": 1e3 * per, "monolithic_ms_per_token": 1e3 * mono,
+            "overhead_ms_per_token": 1e3 * (per - mono), "overhead_ms_per_moe_layer": 1e3 * (per - mono) / layers,
+            "tokens_identical": r["tokens_identical"], "breakdown_ms": {k: 1e3 * v for k, v in
+                                                                        r["breakdown_mean_s"].items()}}
+
+
+def bench_predicted(tmp: Path) -> dict:
+    model = _model(tmp)
+    rows = []
+    profiles = {"lan-like (5 ms access, 50 Mbit/s)": {"access_rtt": "5 ms", "uplink": "50 Mbit/s"},
+                "cellular (20 ms access, 10 Mbit/s)": {"access_rtt": "20 ms", "uplink": "10 Mbit/s"}}
+    for pname, prof in profiles.items():
+        sc = _scenario(model, tmp / "pred.yaml", capacity="400 kB", **prof)
+        for alg in ("none", "lfu", "slimcaching"):
+            pl = tmp / f"pred-{alg}.json"
+            _cli("solve", str(sc), "-a", alg, "-o", str(pl))
+            r = _run(sc, pl, model, tmp, "--pace", "--no-reference")
+            rows.append({"links": pname, "placement": alg,
+                         "predicted_ms": 1e3 * r["predicted_mean_token_latency_s"],
+                         "measured_ms": 1e3 * r["measured_mean_token_latency_s"],
+                         "ratio_median": r["ratio_median"], "ratio_p10": r["ratio_p10"], "ratio_p90": r["ratio_p90"],
+                         "tokens": len(r["per_token"]),
+                         "breakdown_ms": {k: 1e3 * v for k, v in r["breakdown_mean_s"].items()}})
+    ranks = {}
+    for pname in profiles:
+        sub = [r for r in rows if r["links"] == pname]
+        ranks[pname] = {"predicted": [r["placement"] for r in sorted(sub, key=lambda r: r["predicted_ms"])],
+                        "measured": [r["placement"] for r in sorted(sub, key=lambda r: r["measured_ms"])]}
+    return {"rows": rows, "ranking": ranks}
+
+
+def bench_memory(tmp: Path) -> dict:
+    # 3 MiB experts (fp32, hidden 256, intermediate 1024), 4 layers x 8 experts
+    model = _model(tmp, hidden=256, intermediate=1024, layers=4, experts=8)
+    out = []
+    for cap in ("1 B", "25 MB", "50 MB"):
+        sc = _scenario(model, tmp / "mem.yaml", capacity=cap, access_rtt="5 ms", uplink="50 Mbit/s")
+        pl = tmp / "mem.json"
+        _cli("solve", str(sc), "-a", "lfu", "-o", str(pl))
+        r = _run(sc, pl, model, tmp, "--no-emulate", "--no-reference", tokens=2)
+        for n, st in r["nodes"].items():
+            out.append({"capacity": cap, "node": n, "experts_held": st["experts_held"],
+                        "rss_at_start_mib": st["rss_at_start_bytes"] / 2**20,
+                        "rss_after_run_mib": (st.get("rss_bytes") or 0) / 2**20})
+    xs = np.array([r["experts_held"] for r in out], float)
+    ys = np.array([r["rss_at_start_mib"] for r in out])
+    slope = float(np.polyfit(xs, ys, 1)[0]) if len(set(xs)) > 1 else None
+    return {"rows": out, "rss_mib_per_expert_fit": slope, "expert_mib": 3 * 256 * 1024 * 4 / 2**20}
+
+
+SECTIONS = ("transport", "emulation", "overhead", "predicted", "memory")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sections", nargs="*", default=list(SECTIONS))
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as td:
+        tmp = Path(td)
+        for sec in a.sections:
+            t0 = time.time()
+            fn = globals()[f"bench_{sec}"]
+            results[sec] = fn(tmp) if sec in ("overhead", "predicted", "memory") else fn()
+            results[sec]["seconds"] = time.time() - t0
+            print(f"== {sec} ({results[sec]['seconds']:.0f} s)")
+            print(json.dumps(results[sec], indent=1, default=str))
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
