@@ -305,11 +305,11 @@ def load_device_model(model_dir, layout: Layout, user: str):
     import torch  # noqa: F401
 
     from slimcaching.hf import load_model
-    from slimcaching.runtime.weights import expert_source
+    from slimcaching.runtime.weights import expert_source, load_experts
 
     model, config = load_model(str(model_dir))
     source = expert_source(model_dir)
-    local = {key: source.load(*key) for key in sorted(layout.local[user])}
+    local = load_experts(source, layout.local[user])
     return model, config, local
 
 

@@ -148,11 +148,12 @@ class _NodeActor:
 
         from slimcaching.runtime.cluster import load_context
         from slimcaching.runtime.node import NodeServer, rss_bytes
+        from slimcaching.runtime.weights import load_experts
 
         torch.set_num_threads(1)
         ctx = load_context(kw["scenario"], kw["placement"], kw["model_dir"], kw["model_name"])
         source = ctx.expert_source()
-        experts = {key: source.load(*key) for key in sorted(ctx.layout.held[name])}
+        experts = load_experts(source, ctx.layout.held[name])
         self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
                                  deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
                                  retry_after_s=kw["retry_after_s"])

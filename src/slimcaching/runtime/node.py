@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from slimcaching.errors import ScenarioError
     from slimcaching.runtime.cluster import load_context
+    from slimcaching.runtime.weights import load_experts
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     import torch
@@ -504,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.name not in ctx.layout.nodes:
             raise ScenarioError("node", f"not a node of the scenario (nodes: {', '.join(ctx.layout.nodes)})", a.name)
         source = ctx.expert_source()
-        experts = {key: source.load(*key) for key in sorted(ctx.layout.held[a.name])}
+        experts = load_experts(source, ctx.layout.held[a.name])
         server = NodeServer(a.name, ctx.layout, experts, emulate=not a.no_emulate, pace=a.pace,
                             deadline_factor=a.deadline_factor, deadline_floor_s=a.deadline_floor,
                             retry_after_s=a.retry_after)

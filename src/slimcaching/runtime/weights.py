@@ -51,7 +51,8 @@ class ExpertSource:
         for attr in _EXPERT_COUNT_ATTRS:
             if hasattr(cfg, attr):
                 setattr(cfg, attr, 1)
-        module = self.experts_class(cfg)
+        with torch.device("meta"):  # no memory until the checkpoint's values arrive
+            module = self.experts_class(cfg)
         block = self.blocks[layer]
         rel = self.tensors[block]
         fused = {n: i for n, i in rel.items() if not n.split(".")[0].isdigit()}
@@ -97,9 +98,13 @@ class ExpertSource:
                 if tuple(value.shape) != tuple(p.shape[1:]):
                     raise ScenarioError("model", f"{block}.experts {name}: checkpoint shape {tuple(value.shape)} "
                                         f"does not fit {tuple(p.shape[1:])}", str(self.directory))
-                # a private copy: no page of the checkpoint's mmap stays referenced, so a node's
-                # resident memory is exactly the experts it holds
-                p.data = value.unsqueeze(0).contiguous().clone()
+                # one private allocation per parameter: no page of the checkpoint's mmap stays referenced
+                data = torch.empty((1, *value.shape), dtype=value.dtype)
+                data[0].copy_(value)
+                module._parameters[name] = torch.nn.Parameter(data, requires_grad=False)
+        if any(t.is_meta for t in list(module.parameters()) + list(module.buffers())):
+            raise ScenarioError("model", f"{self.experts_class.__name__} has state that is not in the checkpoint",
+                                str(self.directory))
         module.eval()
         module.requires_grad_(False)
         return module
@@ -137,6 +142,19 @@ def expert_source(directory: str | Path) -> ExpertSource:
     experts = moe[0][1].experts
     num = next(getattr(experts.config, a) for a in _EXPERT_COUNT_ATTRS if hasattr(experts.config, a))
     return ExpertSource(directory, list(blocks), blocks, type(experts), experts.config, int(num))
+
+
+def load_experts(source: ExpertSource, keys) -> dict:
+    """{(layer, expert): module} for ``keys``, then the loading's temporaries handed back to the OS
+    (glibc keeps freed heap otherwise: measured 4.0 instead of 3.0 MiB resident per 3 MiB expert)."""
+    out = {key: source.load(*key) for key in sorted(keys)}
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+    return out
 
 
 def run_expert(module, x):
