@@ -58,8 +58,10 @@ def export(scenario: ScenarioArg = "default",
            output: Annotated[Path, typer.Option("-o", "--output", help="Canonical JSON file.")] = Path(
                "canonical.json")) -> None:
     """Write the fully resolved canonical scenario (slimcaching/scenario@1)."""
+    from slimcaching.fileio import check_target
     from slimcaching.scenario import atomic_write, canonical_json
 
+    check_target(output, "--output")
     sc = _load(scenario)
     atomic_write(output, canonical_json(sc))
     console.print(f"wrote {output}")
@@ -72,7 +74,7 @@ def solve_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds (exact).")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="random_state of seeded algorithms.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
 ) -> None:
@@ -83,9 +85,19 @@ def solve_cmd(
     spec = get_algorithm(algorithm)
     params = _parse_params(param)
     if time_limit is not None:
+        if not (time_limit > 0 and time_limit < float("inf")):
+            raise ScenarioError("--time-limit", "must be a positive number of seconds", time_limit)
+        if "time_limit" not in spec.defaults:
+            raise ScenarioError("--time-limit", f"{spec.name} has no time limit (only exact)", time_limit)
         params["time_limit"] = time_limit
     if seed is not None:
+        if "random_state" not in spec.defaults:
+            raise ScenarioError("--seed", f"{spec.name} draws nothing at random (only random)", seed)
         params["random_state"] = seed
+    if output is not None:
+        from slimcaching.fileio import check_target
+
+        check_target(output, "--output")
     sc = _load(scenario)
     if co_local:
         from slimcaching.algorithms.co_local import co_activation_local_caches
@@ -100,15 +112,36 @@ def solve_cmd(
     from slimcaching.evaluation import placement_latency
 
     latency = placement_latency(problem, placement)
-    text = json.dumps(placement.to_dict(problem, latency), indent=1) + "\n"
+    summary = f"{spec.name}: mean token latency {latency * 1e3:.3f} ms"
+    if spec.name == "exact":
+        info = placement.info
+        bound = info.get("bound_s")
+        btxt = f"lower bound {bound * 1e3:.3f} ms" if bound is not None else "no lower bound yet"
+        limit = params.get("time_limit", spec.defaults["time_limit"])
+        if params.get("relax"):
+            if bound is None:
+                raise ScenarioError("exact", f"LP relaxation not solved ({info.get('status')}) within {limit:g} s; "
+                                    "nothing written")
+            summary = f"exact (LP relaxation, {info.get('status')}): {btxt} on the optimal mean token latency"
+        elif "objective_s" not in info:
+            reached = "time limit reached" if info.get("status") == "time_limit" else f"status {info.get('status')}"
+            raise ScenarioError("exact", f"{reached} after {limit:g} s with no feasible placement ({btxt}); "
+                                "nothing written")
+        elif info.get("optimal"):
+            summary = f"exact (optimal): mean token latency {latency * 1e3:.3f} ms"
+        else:
+            reached = "time limit reached" if info.get("status") == "time_limit" else f"status {info.get('status')}"
+            summary = (f"exact ({reached}; best found, not proven optimal): mean token latency {latency * 1e3:.3f} "
+                       f"ms, {btxt}")
+    data = placement.to_dict(problem, latency)
     if output is None:
-        out.print_json(text)
+        sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
+        console.print(summary)
     else:
         from slimcaching.scenario import atomic_write
 
-        atomic_write(output, text)
-        console.print(f"{spec.name}: mean token latency {latency * 1e3:.3f} ms, "
-                      f"solved in {placement.solve_seconds:.2f} s; wrote {output}")
+        atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
+        console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
 
 
 @app.command()
@@ -165,8 +198,8 @@ def simulate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     queueing: Annotated[bool, typer.Option("--queueing", help="FIFO queues at edge servers and backhauls "
                                            "(see docs/model.md for the assumptions).")] = False,
-    load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every user's "
-                                        "token rate.")] = 1.0,
+    load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every "
+                                        "user's token rate.")] = 1.0,
     trace: Annotated[Path | None, typer.Option("--trace", help="Replay a routing trace (.npy tokens x layers x "
                                                "K, or a profile .trace.npz) instead of drawing tokens.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="With --trace: the user it is served to.")] = None,
@@ -179,8 +212,14 @@ def simulate(
     from slimcaching.problem import build_problem
     from slimcaching.simulate import simulate_tokens
 
+    if load != 1.0 and not queueing:
+        raise ScenarioError("--load", "only with --queueing (without queues the load changes nothing)", load)
     sc = _load(scenario)
     base = build_problem(sc)
+    from slimcaching.limits import check
+
+    check("simulate_tokens", tokens * max(m.layers for m in sc.models), "--tokens",
+          "tokens x layers to draw")
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
     if pl.latency_model != "slimcaching":
@@ -188,6 +227,10 @@ def simulate(
     if trace is not None:
         from slimcaching.simulate import load_trace_array, replay_trace
 
+        names = [u.name for u in sc.users]
+        if user is not None and user not in names:
+            shown = ", ".join(names[:8]) + (f", ... ({len(names)} users)" if len(names) > 8 else "")
+            raise ScenarioError("--user", f"unknown user (users: {shown})", user)
         arr = load_trace_array(trace)
         if model is None:
             raise ScenarioError("--model", "needed with --trace (the scenario model the trace belongs to)")
@@ -296,11 +339,11 @@ def demo(
 @scenario_app.command("new")
 def scenario_new(
     output: Annotated[Path, typer.Option("-o", "--output", help="Scenario file to write (.yaml/.json/.toml).")],
-    servers: Annotated[int, typer.Option(help="Edge servers.")] = 5,
-    users: Annotated[int, typer.Option(help="Users.")] = 50,
+    servers: Annotated[int, typer.Option(min=1, help="Edge servers.")] = 5,
+    users: Annotated[int, typer.Option(min=1, help="Users.")] = 50,
     models: Annotated[str, typer.Option(help="Comma-separated presets.")] = ",".join(
         ("switch-base-8", "moe-llava-stablelm", "llama-moe-3.5b-4-16")),
-    models_per_user: Annotated[int, typer.Option(help="Models each user requests.")] = 2,
+    models_per_user: Annotated[int, typer.Option(min=1, help="Models each user requests.")] = 2,
     capacity: Annotated[str, typer.Option(help="Edge storage per server.")] = "2.5 GB",
     uplink: Annotated[str, typer.Option(help="User uplink.")] = "50 Mbit/s",
     downlink: Annotated[str, typer.Option(help="User downlink.")] = "100 Mbit/s",
@@ -308,15 +351,20 @@ def scenario_new(
     backhaul: Annotated[str, typer.Option(help="Edge-cloud rate.")] = "200 Mbit/s",
     topology: Annotated[str, typer.Option(help="ring, line, star, full or none.")] = "ring",
     local_cache: Annotated[str, typer.Option(help="Device expert cache size.")] = "0.5 GB",
-    top_k: Annotated[int | None, typer.Option(help="Override every model's top-K.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    top_k: Annotated[int | None, typer.Option(min=1, help="Override every model's top-K.")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
 ) -> None:
     """Generate a scenario file from options."""
     import yaml
 
+    from slimcaching.fileio import check_target
     from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.limits import check
     from slimcaching.scenario import atomic_write, resolve_scenario
 
+    check("users", users, "--users", "users")
+    check("servers", servers, "--servers", "servers")
+    check_target(output, "--output")
     opts = GeneratorOptions(servers=servers, users=users,
                             models=tuple(m.strip() for m in models.split(",") if m.strip()),
                             models_per_user=models_per_user, capacity=capacity, uplink=uplink,
@@ -374,13 +422,13 @@ def _to_toml(data: dict) -> str:
 def experiment(
     name: Annotated[str, typer.Argument(help="Experiment name or 'all'.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("results"),
-    seeds: Annotated[int, typer.Option(help="Seeds per point.")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per point.")] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="Small smoke version (CI).")] = False,
     backend: Annotated[str, typer.Option(help="serial, process or ray.")] = "process",
-    workers: Annotated[int | None, typer.Option(help="Parallel workers (default: all cores).")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Parallel workers (default: all cores).")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address to join.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Keep finished points, run the rest.")] = False,
-    exact_limit: Annotated[float, typer.Option("--exact-limit", help="Also run 'exact' with this time "
+    exact_limit: Annotated[float, typer.Option("--exact-limit", min=0.0, help="Also run 'exact' with this time "
                                                "limit (s); 0: off.")] = 0.0,
     scenario: Annotated[str | None, typer.Option("--scenario", help="Sweep on top of this scenario file "
                                                  "(capacity, local-cache, bandwidth, communication).")] = None,
@@ -389,11 +437,18 @@ def experiment(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slimcaching.experiments import EXPERIMENTS, run_experiment
+    from slimcaching.experiments.runner import EXECUTORS
 
     names = list(EXPERIMENTS) if name == "all" else [name]
     for n in names:
         if n not in EXPERIMENTS:
             raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", n)
+    if backend not in EXECUTORS:  # checked before anything is printed
+        raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
+    if address is not None and backend != "ray":
+        raise ScenarioError("--address", "only with --backend ray", address)
+    if scenario is not None:
+        _load(scenario)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         for n in names:
@@ -597,24 +652,70 @@ def _register_runtime() -> None:
 _register_runtime()
 
 
+def _usage_line(exc) -> str:
+    """One line ``<field>: <message>`` for a command-line usage error (instead of a usage box)."""
+    from typer._click.exceptions import BadParameter, NoSuchOption
+
+    if isinstance(exc, BadParameter):
+        hint = exc.param_hint or (exc.param.get_error_hint() if exc.param is not None else None)
+        if isinstance(hint, (list, tuple)):
+            hint = " / ".join(hint)
+        hint = (hint or "argument").replace("'", "")
+        msg = exc.format_message().split(": ", 1)[-1] if exc.message == "" else exc.message
+        for long, short in (("Input should be greater than or equal to", "must be >="),
+                            ("Input should be less than or equal to", "must be <="),
+                            ("Input should be greater than", "must be >"), ("Input should be less than", "must be <"),
+                            ("Input should be a valid", "expected a valid")):
+            msg = msg.replace(long, short)
+        return f"{hint}: {msg}"
+    if isinstance(exc, NoSuchOption):
+        maybe = f" (did you mean {exc.possibilities[0]}?)" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{maybe}"
+    return f"usage: {exc.format_message()}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status. Usage errors are reported by typer (exit 2); a
-    ScenarioError (any invalid input) becomes one line on stderr and exit 2."""
+    """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
+    (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
+    from rich.markup import escape
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    from typer.exceptions import Abort, Exit
+    from typer.main import get_command
+
+    cmd = get_command(app)
     try:
-        app(args=argv, prog_name="slimcaching")
+        cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
+        return 2
+    except UsageError as exc:
+        console.print(f"[red]error:[/] {escape(_usage_line(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except Exit as exc:
+        return exc.exit_code
+    except Abort:
+        console.print("interrupted")
+        return 130
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except ScenarioError as exc:
-        from rich.markup import escape
-
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
+    except RuntimeError as exc:  # a solver that broke its contract: a bug, said in one line
+        from slimcaching.algorithms import SolverBug
+
+        if not isinstance(exc, SolverBug):
+            raise
+        console.print(f"[red]error:[/] internal: {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
     except OSError as exc:
-        console.print(f"[red]error:[/] {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        where = exc.filename or ""
+        console.print(f"[red]error:[/] {escape(str(where) or 'os')}: {escape(exc.strerror or str(exc))}",
+                      highlight=False, soft_wrap=True)
         return 2
     return 0
 

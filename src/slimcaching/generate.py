@@ -93,7 +93,9 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
         entry = {"name": name, "preset": name, "precision": opts.precision}
         if opts.top_k is not None:
             experts = resolve_preset(name, opts.precision)["experts"]
-            entry["top_k"] = min(opts.top_k, experts)
+            if not 1 <= opts.top_k <= experts:
+                raise ScenarioError("--top-k", f"must be 1..{experts} ({name} has {experts} experts)", opts.top_k)
+            entry["top_k"] = opts.top_k
         models.append(entry)
     profiles = {}
     for name in opts.models:

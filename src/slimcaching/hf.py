@@ -62,10 +62,10 @@ class RoutingTrace:
         for i, (e, p) in enumerate(zip(self.experts, self.phase)):
             arrays[f"experts_{i}"] = e.astype(np.int32)
             arrays[f"phase_{i}"] = p.astype(np.int8)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, **arrays)
-        tmp.replace(path)
+        from slimcaching.fileio import atomic_output
+
+        with atomic_output(path, suffix=".npz") as tmp, open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> RoutingTrace:
@@ -207,6 +207,10 @@ def read_prompts(path: str | Path, text_field: str = "text") -> list[dict]:
 
 def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
     _require_hf()
+    local = Path(model_id).expanduser()
+    looks_local = model_id.startswith((".", "/", "~")) or (local.parent != Path(".") and local.parent.exists())
+    if looks_local and not local.is_dir():  # a path, not a hub id: say so instead of a hub error
+        raise ScenarioError("model", "directory not found", model_id)
     import torch
     from transformers import AutoConfig
 

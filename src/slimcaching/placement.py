@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from slimcaching.errors import ScenarioError
 from slimcaching.problem import Problem
@@ -48,61 +49,107 @@ class Placement:
         return out
 
 
-def placement_from_dict(data: dict, problem: Problem, where: str = "placement") -> Placement:
+_Item = tuple[StrictStr, StrictInt, StrictInt]
+_Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+class PlacementIn(BaseModel):
+    """A placement file as read (extra fields forbidden; booleans are not integers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["slimcaching/placement@1"]
+    algorithm: StrictStr = "manual"
+    params: dict[StrictStr, Any] = Field(default_factory=dict)
+    latency_model: Literal["slimcaching", "u-shaped"] = "slimcaching"
+    edge: dict[StrictStr, list[_Item]]
+    local: dict[StrictStr, list[_Item]] | None = None
+    mean_token_latency_s: _Finite | None = None
+    solve_seconds: Annotated[_Finite, Field(ge=0)] = 0.0
+    edge_bytes_used: dict[StrictStr, _Finite] | None = None
+    # what algorithms add (exact: MILP status and bounds; u-shaped: its breakdown)
+    status: StrictStr | None = None
+    message: StrictStr | None = None
+    variables: StrictInt | None = None
+    constraints: StrictInt | None = None
+    bound_s: _Finite | None = None
+    lp_bound_s: _Finite | None = None
+    objective_s: _Finite | None = None
+    gap: _Finite | None = None
+    optimal: StrictBool | None = None
+    note: StrictStr | None = None
+    u_shaped: dict[StrictStr, Any] | None = None
+
+
+def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -> Placement:
+    from slimcaching.scenario import _pydantic_error
+
     if not isinstance(data, dict):
-        raise ScenarioError(where, "expected a JSON object")
+        raise ScenarioError(where, "expected a JSON object", type(data).__name__)
     fmt = data.get("format")
     if fmt != PLACEMENT_FORMAT:
         raise ScenarioError(f"{where}.format", f"expected {PLACEMENT_FORMAT!r}", fmt)
-    edge = data.get("edge")
-    if not isinstance(edge, dict):
-        raise ScenarioError(f"{where}.edge", "expected a mapping server -> [[model, layer, expert], ...]")
+    try:
+        pin = PlacementIn.model_validate(data)
+    except ValidationError as exc:
+        raise _pydantic_error(exc, prefix=f"{where}.") from None
     x = problem.empty_placement()
     sidx = {s: i for i, s in enumerate(problem.server_names)}
     models = {m.name: m for m in problem.scenario.models}
-    for server, items in edge.items():
+
+    def check_item(f: str, key: tuple) -> int:
+        mn, layer, e = key
+        if mn not in models:
+            raise ScenarioError(f, "unknown model", mn)
+        m = models[mn]
+        if not (0 <= layer < m.layers and 0 <= e < m.experts):
+            raise ScenarioError(f, f"layer or expert out of range (model {mn} has {m.layers} layers x "
+                                f"{m.experts} experts)", list(key))
+        return problem.item_index(mn, layer, e)
+
+    for server, items in pin.edge.items():
         if server not in sidx:
             raise ScenarioError(f"{where}.edge", "unknown server", server)
         for j, key in enumerate(items):
             f = f"{where}.edge.{server}[{j}]"
-            if not (isinstance(key, list) and len(key) == 3):
-                raise ScenarioError(f, "expected [model, layer, expert]", key)
-            mn, layer, e = key
-            if mn not in models:
-                raise ScenarioError(f, "unknown model", mn)
-            m = models[mn]
-            if not (isinstance(layer, int) and isinstance(e, int) and 0 <= layer < m.layers and 0 <= e < m.experts):
-                raise ScenarioError(f, "layer or expert out of range", key)
-            x[sidx[server], problem.item_index(mn, layer, e)] = True
+            i = check_item(f, key)
+            if x[sidx[server], i]:
+                raise ScenarioError(f, "listed twice", list(key))
+            x[sidx[server], i] = True
     used = problem.check_capacity(x)
     for n, s in enumerate(problem.server_names):
         if used[n] > problem.capacity[n] * (1 + 1e-9) + 1e-6:
             raise ScenarioError(f"{where}.edge.{s}", f"uses {used[n]:.6g} bytes, capacity is {problem.capacity[n]:.6g}")
     local = None
-    if data.get("local") is not None:
+    if pin.local is not None:
         local = {}
         users = {u.name for u in problem.scenario.users}
-        for u, items in data["local"].items():
+        for u, items in pin.local.items():
             if u not in users:
                 raise ScenarioError(f"{where}.local", "unknown user", u)
+            seen = set()
+            for j, key in enumerate(items):
+                check_item(f"{where}.local.{u}[{j}]", key)
+                if key in seen:
+                    raise ScenarioError(f"{where}.local.{u}[{j}]", "listed twice", list(key))
+                seen.add(key)
             local[u] = [tuple(k) for k in items]
-    return Placement(x=x, algorithm=str(data.get("algorithm", "unknown")), params=data.get("params") or {},
-                     local=local, solve_seconds=float(data.get("solve_seconds") or 0.0),
-                     latency_model=_latency_model(data.get("latency_model", "slimcaching"), where))
+    info = {k: v for k, v in pin.model_dump(exclude_none=True).items() if k in _INFO_KEYS}
+    return Placement(x=x, algorithm=pin.algorithm, params=pin.params, local=local,
+                     solve_seconds=float(pin.solve_seconds), latency_model=pin.latency_model, info=info)
 
 
-def _latency_model(value, where: str) -> str:
-    if value not in ("slimcaching", "u-shaped"):
-        raise ScenarioError(f"{where}.latency_model", "expected 'slimcaching' or 'u-shaped'", value)
-    return value
+_INFO_KEYS = {"status", "message", "variables", "constraints", "bound_s", "lp_bound_s", "objective_s", "gap",
+              "optimal", "note", "u_shaped"}
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:
+    from slimcaching.scenario import read_json_text
+
     path = Path(path)
+    if path.is_dir():
+        raise ScenarioError("placement", "is a directory, expected a JSON file", str(path))
     if not path.is_file():
         raise ScenarioError("placement", "file not found", str(path))
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ScenarioError("placement", f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    data = read_json_text(path, "placement")
     return placement_from_dict(data, problem)

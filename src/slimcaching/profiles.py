@@ -91,10 +91,23 @@ class Profile:
             f = f"{where}.layers[{li}]"
             if not isinstance(layer, dict) or "sets" not in layer or "probs" not in layer:
                 raise ScenarioError(f, "needs keys 'sets' and 'probs'")
+            raw_sets, raw_probs = layer["sets"], layer["probs"]
+            if not isinstance(raw_sets, list) or not isinstance(raw_probs, list):
+                raise ScenarioError(f, "sets and probs must be lists")
+            for si, row in enumerate(raw_sets):
+                items = row if isinstance(row, list) else [row]
+                if not items or any(type(v) is not int for v in items):  # no bools, no 0.7 read as 0
+                    raise ScenarioError(f"{f}.sets[{si}]", "a set must be a list of integer expert indices", row)
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in raw_probs):
+                bad = next(v for v in raw_probs if isinstance(v, bool) or not isinstance(v, (int, float)))
+                raise ScenarioError(f"{f}.probs", "probabilities must be numbers", bad)
+            lens = {len(row) if isinstance(row, list) else 1 for row in raw_sets}
+            if len(lens) > 1:
+                raise ScenarioError(f"{f}.sets", f"sets of different sizes {sorted(lens)}: each needs top_k experts")
             try:
-                sets = np.asarray(layer["sets"], dtype=np.int64)
-                probs = np.asarray(layer["probs"], dtype=np.float64)
-            except (ValueError, TypeError) as exc:
+                sets = np.asarray(raw_sets, dtype=np.int64)
+                probs = np.asarray(raw_probs, dtype=np.float64)
+            except (ValueError, TypeError, OverflowError) as exc:
                 raise ScenarioError(f, f"sets must be lists of integers, probs numbers ({exc})") from None
             if sets.ndim == 1 and sets.size and probs.size == sets.size:
                 sets = sets[:, None]
@@ -109,20 +122,23 @@ class Profile:
         if path.suffix == ".json":
             out = self.to_dict()
             out.update({k: v for k, v in self.meta.items() if k not in out})
-            _atomic_write_text(path, json.dumps(out, indent=1) + "\n")
+            from slimcaching.fileio import atomic_write
+
+            atomic_write(path, json.dumps(out, indent=1, allow_nan=False) + "\n")
         elif path.suffix == ".npz":
             counts = np.array([len(lp.probs) for lp in self.layers], dtype=np.int64)
             k = self.layers[0].sets.shape[1] if self.layers else 1
-            tmp = path.with_name(path.name + ".tmp.npz")
-            np.savez_compressed(
-                tmp,
-                model=np.array(self.model),
-                counts=counts,
-                sets=np.concatenate([lp.sets for lp in self.layers]).reshape(-1, k).astype(np.int32),
-                probs=np.concatenate([lp.probs for lp in self.layers]),
-                meta=np.array(json.dumps(self.meta)),
-            )
-            tmp.replace(path)
+            from slimcaching.fileio import atomic_output
+
+            with atomic_output(path, suffix=".npz") as tmp, open(tmp, "wb") as fh:
+                np.savez_compressed(
+                    fh,
+                    model=np.array(self.model),
+                    counts=counts,
+                    sets=np.concatenate([lp.sets for lp in self.layers]).reshape(-1, k).astype(np.int32),
+                    probs=np.concatenate([lp.probs for lp in self.layers]),
+                    meta=np.array(json.dumps(self.meta)),
+                )
         else:
             raise ScenarioError("output", "profile files end in .json or .npz", str(path))
 
@@ -151,12 +167,6 @@ class Profile:
             layers = [LayerProfile(sets[a:b], probs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
             return cls(model, layers, meta)
         raise ScenarioError(where, "profile files end in .json or .npz", str(path))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def profile_from_trace(trace: np.ndarray, model: str, meta: dict | None = None) -> Profile:

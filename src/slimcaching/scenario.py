@@ -37,14 +37,15 @@ def _q(kind: str):
     return BeforeValidator(conv)
 
 
-Bytes = Annotated[float, _q("bytes"), Field(ge=0)]
-PosBytes = Annotated[float, _q("bytes"), Field(gt=0)]
-BitRate = Annotated[float, _q("bits_per_s"), Field(gt=0)]
-Seconds = Annotated[float, _q("seconds"), Field(ge=0)]
-Flop = Annotated[float, _q("flop"), Field(ge=0)]
-FlopRate = Annotated[float, _q("flops_per_s"), Field(gt=0)]
-ByteRate = Annotated[float, _q("bytes_per_s"), Field(gt=0)]
-TokenRate = Annotated[float, _q("per_s"), Field(gt=0)]
+Bytes = Annotated[float, _q("bytes"), Field(ge=0, allow_inf_nan=False)]
+PosBytes = Annotated[float, _q("bytes"), Field(gt=0, allow_inf_nan=False)]
+BitRate = Annotated[float, _q("bits_per_s"), Field(gt=0, allow_inf_nan=False)]
+Seconds = Annotated[float, _q("seconds"), Field(ge=0, allow_inf_nan=False)]
+Flop = Annotated[float, _q("flop"), Field(ge=0, allow_inf_nan=False)]
+FlopRate = Annotated[float, _q("flops_per_s"), Field(gt=0, allow_inf_nan=False)]
+ByteRate = Annotated[float, _q("bytes_per_s"), Field(gt=0, allow_inf_nan=False)]
+TokenRate = Annotated[float, _q("per_s"), Field(gt=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(strict=True, ge=1)]
 
 
 class _Strict(BaseModel):
@@ -56,9 +57,9 @@ class ModelIn(_Strict):
     preset: str | None = None
     hf: str | None = Field(default=None, min_length=1)
     precision: Literal["fp32", "bf16", "fp16", "int8", "int4"] | None = None
-    layers: int | None = Field(default=None, ge=1)
-    experts: int | None = Field(default=None, ge=1)
-    top_k: int | None = Field(default=None, ge=1)
+    layers: Count | None = None
+    experts: Count | None = None
+    top_k: Count | None = None
     expert_bytes: PosBytes | None = None
     expert_flops: Flop | None = None
     hidden_bytes: PosBytes | None = None
@@ -114,20 +115,20 @@ class UserGroupIn(UserFields):
     """Generator: ``count`` users named ``prefix<i>``, homes taken round-robin from ``homes``."""
 
     prefix: str = "user"
-    count: int = Field(ge=1)
+    count: Count
     homes: list[str] | Literal["all"] = "all"
 
 
 class SyntheticIn(_Strict):
     model: str
     task: str
-    tokens: int = Field(default=2000, ge=1)
-    seed: int = 0
-    skew: float = Field(default=1.5, ge=0)
-    shared: float = Field(default=0.3, ge=0, le=1)
-    coupling: float = Field(default=1.0, ge=0)
-    rank: int = Field(default=2, ge=1)
-    noise: float = Field(default=0.7, gt=0)
+    tokens: Count = 2000
+    seed: Annotated[int, Field(strict=True, ge=0)] = 0
+    skew: float = Field(default=1.5, ge=0, allow_inf_nan=False)
+    shared: float = Field(default=0.3, ge=0, le=1, allow_inf_nan=False)
+    coupling: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    rank: Count = 2
+    noise: float = Field(default=0.7, gt=0, allow_inf_nan=False)
 
 
 class ScenarioIn(_Strict):
@@ -257,8 +258,8 @@ def _format_loc(loc: tuple) -> str:
     return out or "scenario"
 
 
-def _pydantic_error(exc: ValidationError, prefix: str = "") -> ScenarioError:
-    err = exc.errors()[0]
+def _pydantic_error(exc: ValidationError, prefix: str = "", index: int = 0) -> ScenarioError:
+    err = exc.errors()[index]
     loc = _format_loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
     msg = err["msg"]
     for pre in ("Value error, ", "Assertion failed, "):
@@ -272,9 +273,124 @@ def _pydantic_error(exc: ValidationError, prefix: str = "") -> ScenarioError:
         return ScenarioError(where, "required field is missing")
     if err["type"] == "extra_forbidden":
         return ScenarioError(where, "unknown field", show_value=False)
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list)) or " (got " in msg:  # the converter's message shows the value already
         return ScenarioError(where, msg, show_value=False)
     return ScenarioError(where, msg, value)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number in strict JSON")
+
+
+def read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(what, f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_json(text: str, path: Path, what: str) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate keys, bounded nesting."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(what, f"{path}: invalid JSON: {exc.msg} at line {exc.lineno}") from None
+    except _DuplicateKey as exc:
+        raise ScenarioError(what, f"{path}: duplicate key {str(exc)[:80]!r}") from None
+    except ValueError as exc:
+        raise ScenarioError(what, f"{path}: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(what, f"{path}: nested too deeply") from None
+
+
+def read_json_text(path: Path, what: str) -> Any:
+    return parse_json(read_text(path, what), path, what)
+
+
+def _yaml_loader():
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    dup = key in seen
+                except TypeError:
+                    dup = False
+                if dup:
+                    mark = key_node.start_mark
+                    raise _DuplicateKey(f"{key!r} at line {mark.line + 1}")
+                try:
+                    seen.add(key)
+                except TypeError:
+                    pass
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _expanded_size(node, limit: int) -> int:
+    """Values a YAML node graph stands for once aliases are expanded (stops past ``limit``)."""
+    memo: dict[int, int] = {}
+    stack = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if id(n) in memo:
+            continue
+        children = []
+        if isinstance(n, yaml.SequenceNode):
+            children = n.value
+        elif isinstance(n, yaml.MappingNode):
+            children = [c for kv in n.value for c in kv]
+        if done or not children:
+            memo[id(n)] = 1 + sum(memo[id(c)] for c in children)
+            if memo[id(n)] > limit:
+                return memo[id(n)]
+            continue
+        stack.append((n, True))
+        stack.extend((c, False) for c in children if id(c) not in memo)
+    return memo[id(node)]
+
+
+def parse_yaml(text: str, path: Path, what: str) -> Any:
+    from slimcaching.limits import limit
+
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, limit("yaml_values"))
+        if size > limit("yaml_values"):
+            raise ScenarioError(what, f"{path}: YAML expands to more than {limit('yaml_values'):,} values "
+                                "(aliases?); raise SLIMCACHING_LIMIT_YAML_VALUES if this is meant")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ScenarioError(what, f"{path}: invalid YAML: {problem}{at}") from None
+    except _DuplicateKey as exc:
+        raise ScenarioError(what, f"{path}: duplicate key {str(exc)[:100]}") from None
+    except RecursionError:
+        raise ScenarioError(what, f"{path}: nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 def read_data_file(path: str | Path) -> dict:
@@ -284,24 +400,19 @@ def read_data_file(path: str | Path) -> dict:
         raise ScenarioError("scenario", "file not found", str(path))
     if path.is_dir():
         raise ScenarioError("scenario", "is a directory, expected a file", str(path))
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, "scenario")
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
+    if suffix == ".toml":
+        try:
             data = tomllib.loads(text)
-        elif suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError("scenario", f"{path}: invalid JSON: {exc.msg} at line {exc.lineno}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError("scenario", f"{path}: invalid TOML: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise ScenarioError("scenario", f"{path}: invalid YAML: {problem}{at}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError("scenario", f"{path}: invalid TOML: {exc}") from None
+        except RecursionError:
+            raise ScenarioError("scenario", f"{path}: nested too deeply") from None
+    elif suffix == ".json":
+        data = parse_json(text, path, "scenario")
+    else:
+        data = parse_yaml(text, path, "scenario")
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path}: expected a mapping at the top level", type(data).__name__)
     return data
@@ -319,32 +430,85 @@ def load_scenario(source: str | Path | dict | None = None) -> Scenario:
     return resolve_scenario(read_data_file(path), base_dir=path.parent)
 
 
+class ScenarioErrors(ScenarioError):
+    """Several independent errors; ``str`` is the first one (plus a count), ``errors`` all of them."""
+
+    def __init__(self, errors: list[ScenarioError]):
+        self.errors = errors
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more: run 'slimcaching validate')" if len(errors) > 1 else ""
+        super().__init__(first.field, str(first).split(": ", 1)[1] + more, show_value=False)
+
+
+class _Collector:
+    """Runs independent checks and keeps every ScenarioError instead of stopping at the first."""
+
+    def __init__(self):
+        self.errors: list[ScenarioError] = []
+
+    def run(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ScenarioErrors as exc:
+            self.errors.extend(exc.errors)
+        except ScenarioError as exc:
+            self.errors.append(exc)
+        return None
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise ScenarioErrors(self.errors) if len(self.errors) > 1 else self.errors[0]
+
+
 def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
+    from slimcaching.limits import check
+
     base_dir = base_dir or Path.cwd()
     try:
         sin = ScenarioIn.model_validate(data)
     except ValidationError as exc:
-        raise _pydantic_error(exc) from None
+        errs = [_pydantic_error(exc, index=k) for k in range(min(len(exc.errors()), 100))]
+        raise (ScenarioErrors(errs) if len(errs) > 1 else errs[0]) from None
+    col = _Collector()
+    # sizes first: nothing below may materialise what a file merely implies
+    check("servers", len(sin.servers), "servers", "servers")
+    total_users = len(sin.users) + sum(g.count for g in sin.user_groups)
+    for gi, g in enumerate(sin.user_groups):
+        check("users", g.count, f"user_groups[{gi}].count", "users")
+    check("users", total_users, "users", "users (after expanding user_groups)")
 
-    models = [_resolve_model(m, i, base_dir) for i, m in enumerate(sin.models)]
-    _unique([m.name for m in models], "models")
+    models = [col.run(_resolve_model, m, i, base_dir) for i, m in enumerate(sin.models)]
+    col.raise_if_any()
+    col.run(_unique, [m.name for m in models], "models")
+    items = 0
+    for i, m in enumerate(models):
+        check("layers", m.layers, f"models[{i}].layers", "layers")
+        check("experts", m.experts, f"models[{i}].experts", "experts")
+        items += m.layers * m.experts
+    check("items", items, "models", "experts over all layers and models")
     mby = {m.name: m for m in models}
     servers = [Server(s.name, s.capacity_bytes, s.flops, s.mem_bandwidth, s.cloud_rate_bps, s.cloud_rtt_s)
                for s in sin.servers]
-    _unique([s.name for s in servers], "servers")
+    col.run(_unique, [s.name for s in servers], "servers")
     snames = {s.name for s in servers}
     links = []
     for i, ln in enumerate(sin.server_links):
+        bad = False
         for end in ("a", "b"):
             if getattr(ln, end) not in snames:
-                raise ScenarioError(f"server_links[{i}].{end}", "unknown server", getattr(ln, end))
+                col.errors.append(ScenarioError(f"server_links[{i}].{end}", "unknown server", getattr(ln, end)))
+                bad = True
         if ln.a == ln.b:
-            raise ScenarioError(f"server_links[{i}]", "a link must join two different servers", ln.a)
-        links.append(Link(ln.a, ln.b, ln.rate_bps, ln.rtt_s))
+            col.errors.append(ScenarioError(f"server_links[{i}]", "a link must join two different servers", ln.a))
+            bad = True
+        if not bad:
+            links.append(Link(ln.a, ln.b, ln.rate_bps, ln.rtt_s))
 
     profiles: dict[str, Profile] = {}
     for pname, pdata in sin.profiles.items():
-        profiles[pname] = _resolve_profile(pname, pdata, mby, base_dir)
+        prof = col.run(_resolve_profile, pname, pdata, mby, base_dir)
+        if prof is not None:
+            profiles[pname] = prof
 
     users: list[User] = []
     for i, u in enumerate(sin.users):
@@ -352,14 +516,15 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
     for gi, g in enumerate(sin.user_groups):
         homes = [s.name for s in servers] if g.homes == "all" else list(g.homes)
         if not homes:
-            raise ScenarioError(f"user_groups[{gi}].homes", "no server to home users at")
+            col.errors.append(ScenarioError(f"user_groups[{gi}].homes", "no server to home users at"))
+            continue
         for k in range(g.count):
             users.append(_make_user(f"{g.prefix}{k}", homes[k % len(homes)], g, f"user_groups[{gi}]"))
-    _unique([u.name for u in users], "users")
+    col.run(_unique, [u.name for u in users], "users")
     if not users:
-        raise ScenarioError("users", "a scenario needs at least one user (users or user_groups)")
+        col.errors.append(ScenarioError("users", "a scenario needs at least one user (users or user_groups)"))
 
-    for i, u in enumerate(users):
+    def check_user(i: int, u: User) -> None:
         where = f"users[{i}]" if i < len(sin.users) else f"user {u.name!r}"
         if u.home not in snames:
             raise ScenarioError(f"{where}.home", "unknown home server", u.home)
@@ -368,8 +533,10 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
             if w.model not in mby:
                 raise ScenarioError(f"{where}.workload[{j}].model", "unknown model", w.model)
             if w.profile not in profiles:
-                if w.profile.endswith((".json", ".npz")):
+                if w.profile.endswith((".json", ".npz")) and w.profile not in sin.profiles:
                     profiles[w.profile] = _resolve_profile(w.profile, {"file": w.profile}, mby, base_dir)
+                elif w.profile in sin.profiles:
+                    raise ScenarioError(f"{where}.workload[{j}].profile", "profile has errors (above)", w.profile)
                 else:
                     raise ScenarioError(f"{where}.workload[{j}].profile", "unknown profile", w.profile)
             if profiles[w.profile].model != w.model:
@@ -381,12 +548,65 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
             raise ScenarioError(f"{where}.workload", f"weights sum to {total!r}, not 1")
         if u.local_cache is not None:
             _check_local_cache(u, mby, where)
-    if sin.local_policy == "explicit":
-        for i, u in enumerate(users):
-            if u.local_cache is None:
-                raise ScenarioError(f"users[{i}].local_cache", "local_policy is 'explicit' but no cache given")
-    return Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth), servers, links, users,
-                    profiles, sin.local_policy, sin.name)
+        if sin.local_policy == "explicit" and u.local_cache is None:
+            raise ScenarioError(f"{where}.local_cache", "local_policy is 'explicit' but no cache given")
+
+    seen_groups: set[int] = set()
+    for i, u in enumerate(users):
+        # users of one group share their fields: check the first of each group and every listed user
+        key = id(u.workload)
+        if i >= len(sin.users) and key in seen_groups:
+            continue
+        seen_groups.add(key)
+        col.run(check_user, i, u)
+        if len(col.errors) >= 100:
+            break
+    col.raise_if_any()
+    sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth), servers, links, users,
+                  profiles, sin.local_policy, sin.name)
+    _check_finite_latencies(sc, sin)
+    return sc
+
+
+MAX_DERIVED_SECONDS = 1e9  # ~32 years: a time beyond this is a unit mistake, and sums of them overflow
+
+
+def _check_finite_latencies(sc: Scenario, sin: ScenarioIn) -> None:
+    """Every time the latency model derives (execution, access, relay, backhaul) must be finite."""
+    from slimcaching.problem import exec_time
+
+    def finite(value: float, where: str, what: str) -> None:
+        if not (math.isfinite(value) and value <= MAX_DERIVED_SECONDS):
+            raise ScenarioError(where, f"makes {what} {value:.3g} s (over {MAX_DERIVED_SECONDS:.0e} s: "
+                                "numbers too far apart to compute with)")
+
+    for m in sc.models:
+        bits = 8.0 * m.hidden_bytes
+        finite(exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth), "cloud.flops",
+               f"the cloud's time for one expert of {m.name!r}")
+        for i, s in enumerate(sc.servers):
+            finite(exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth), f"servers[{i}].flops",
+                   f"the time for one expert of {m.name!r}")
+            finite(2 * bits / s.cloud_rate_bps + s.cloud_rtt_s, f"servers[{i}].cloud_rate_bps",
+                   "the backhaul time")
+        for i, ln in enumerate(sc.server_links):
+            finite(bits / ln.rate_bps + ln.rtt_s / 2, f"server_links[{i}].rate_bps", "the link time")
+    checked: set = set()
+    for i, u in enumerate(sc.users):
+        key = (u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth, tuple(w.model for w in u.workload))
+        if key in checked:
+            continue
+        checked.add(key)
+        where = f"users[{i}]" if i < len(sin.users) else f"user {u.name!r}"
+        for w in u.workload:
+            m = sc.model_by_name[w.model]
+            bits = 8.0 * m.hidden_bytes
+            finite(exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth), f"{where}.flops",
+                   f"the dense time of {m.name!r}")
+            finite(exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth), f"{where}.flops",
+                   f"the device's time for one expert of {m.name!r}")
+            finite(bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s, f"{where}.uplink_bps",
+                   "the access round trip")
 
 
 def _unique(names: list[str], where: str) -> None:
@@ -422,7 +642,9 @@ def _resolve_model(m: ModelIn, i: int, base_dir: Path) -> Model:
             values[f] = v
     missing = [f for f in MODEL_FIELDS if f not in values]
     if missing:
-        raise ScenarioError(f"models[{i}].{missing[0]}", "required field is missing (or give a preset)")
+        raise ScenarioErrors([ScenarioError(f"models[{i}].{f}", "required field is missing (or give a preset or hf)")
+                              for f in missing]) if len(missing) > 1 else \
+            ScenarioError(f"models[{i}].{missing[0]}", "required field is missing (or give a preset or hf)")
     if values["top_k"] > values["experts"]:
         raise ScenarioError(f"models[{i}].top_k", f"exceeds experts={values['experts']}", values["top_k"])
     ints = {"layers", "experts", "top_k"}
@@ -449,6 +671,9 @@ def _resolve_profile(name: str, pdata: Any, models: dict[str, Model], base_dir: 
             raise _pydantic_error(exc, prefix=f"{where}.synthetic.") from None
         if syn.model not in models:
             raise ScenarioError(f"{where}.synthetic.model", "unknown model", syn.model)
+        from slimcaching.limits import check
+
+        check("synthetic_tokens", syn.tokens, f"{where}.synthetic.tokens", "tokens")
         m = models[syn.model]
         prof = synthetic_profile(m.name, m.experts, m.top_k, m.layers, syn.task, syn.tokens, syn.seed,
                                  skew=syn.skew, shared=syn.shared, coupling=syn.coupling,
@@ -548,10 +773,7 @@ def canonical_json(sc: Scenario) -> str:
 
 
 def atomic_write(path: str | Path, text: str) -> None:
-    """Write all or nothing: a temporary file beside the target, then a rename."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise ScenarioError("output", "directory does not exist", str(path.parent))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write all or nothing (see :mod:`slimcaching.fileio`)."""
+    from slimcaching.fileio import atomic_write as _write
+
+    _write(path, text)

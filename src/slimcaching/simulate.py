@@ -104,7 +104,8 @@ def replay_trace(problem: Problem, x: np.ndarray, trace: np.ndarray, user: str, 
     sc = problem.scenario
     names = [u.name for u in sc.users]
     if user not in names:
-        raise ScenarioError("--user", "unknown user", user)
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} users)" if len(names) > 8 else "")
+        raise ScenarioError("--user", f"unknown user (users: {shown})", user)
     if model not in problem.model_names:
         raise ScenarioError("--model", "unknown model", model)
     mi = problem.model_names.index(model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,34 +62,73 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     return ALGORITHMS[name]
 
 
+# Declared type and range of every algorithm parameter: (type, lowest, highest, lowest allowed?).
+PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
+    "passes": (int, 1, 1000, True),
+    "exact_budget": (float, 0, 1e12, False),
+    "beam_width": (int, 1, 10_000, True),
+    "max_units": (int, 1, 10_000_000, True),
+    "seed_size": (int, 0, 3, True),
+    "max_seeds": (int, 1, 10_000, True),
+    "random_state": (int, 0, 2**32 - 1, True),
+    "time_limit": (float, 0, 1e7, False),
+    "mip_rel_gap": (float, 0, 1, True),
+    "relax": (bool, None, None, True),
+    "order": (str, None, None, True),
+}
+
+
+class SolverBug(RuntimeError):
+    """An algorithm returned something it must not (e.g. over capacity): a bug, not bad input."""
+
+
+def _convert(k: str, v, kind: type):
+    if kind is bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return v.lower() in ("true", "1", "yes")
+        raise ScenarioError(f"param {k}", "expected true or false", v)
+    if kind is int:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ScenarioError(f"param {k}", "expected an integer", v)
+        try:
+            return int(v)
+        except ValueError:
+            raise ScenarioError(f"param {k}", "expected an integer", v) from None
+    if kind is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ScenarioError(f"param {k}", "expected a number", v)
+        try:
+            out = float(v)
+        except ValueError:
+            raise ScenarioError(f"param {k}", "expected a number", v) from None
+        if not math.isfinite(out):
+            raise ScenarioError(f"param {k}", "must be a finite number", v)
+        return out
+    if kind is str:
+        if isinstance(v, (list, tuple)):
+            return ",".join(str(x) for x in v)
+        if not isinstance(v, str):
+            raise ScenarioError(f"param {k}", "expected text", v)
+        return v
+    return v  # pragma: no cover - every rule has a type
+
+
 def coerce_params(spec: AlgorithmSpec, params: dict) -> dict:
-    """Validate parameter names and convert strings (from the CLI) to the defaults' types."""
+    """Validate parameter names, types and ranges; convert CLI strings to the declared types."""
     defaults = spec.defaults
     out = {}
     for k, v in params.items():
         if k not in defaults:
             known = ", ".join(defaults) or "none"
             raise ScenarioError(f"param {k}", f"unknown parameter for {spec.name} (known: {known})", v)
-        d = defaults[k]
-        if isinstance(v, str) and d is not None and not isinstance(d, str):
-            try:
-                if isinstance(d, bool):
-                    if v.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                        raise ValueError(v)
-                    v = v.lower() in ("true", "1", "yes")
-                elif isinstance(d, int):
-                    v = int(v)
-                elif isinstance(d, float):
-                    v = float(v)
-                elif isinstance(d, (list, tuple)):
-                    v = [s.strip() for s in v.split(",") if s.strip()]
-            except ValueError:
-                raise ScenarioError(f"param {k}", f"expected {type(d).__name__}", v) from None
-        elif isinstance(v, str) and d is None:
-            try:
-                v = float(v) if "." in v or "e" in v.lower() else int(v)
-            except ValueError:
-                pass
+        kind, lo, hi, lo_ok = PARAM_RULES.get(k, (type(defaults[k]), None, None, True))
+        v = _convert(k, v, kind)
+        if lo is not None and (v < lo or (v == lo and not lo_ok)):
+            raise ScenarioError(f"param {k}", f"must be {'>=' if lo_ok else '>'} {lo:g}", v)
+        if hi is not None and v > hi:
+            raise ScenarioError(f"param {k}", f"must be <= {hi:g}", v)
         out[k] = v
     return out
 
@@ -99,6 +139,11 @@ def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
     t0 = time.perf_counter()
     placement = spec.fn(problem.compact(), **kw)
     placement.solve_seconds = time.perf_counter() - t0
+    if placement.x.shape != (problem.n_servers, problem.n_items) or not problem.feasible(placement.x):
+        used = problem.check_capacity(placement.x)
+        worst = int((used - problem.capacity).argmax())
+        raise SolverBug(f"{name} returned a placement over capacity on server {problem.server_names[worst]} "
+                        f"({used[worst]:.6g} > {problem.capacity[worst]:.6g} bytes); nothing was written")
     placement.algorithm = name
     merged = {**spec.defaults, **kw}
     merged.update(placement.params)

@@ -216,7 +216,7 @@ def write_report(directory: str | Path) -> Path:
         parts.append("</section>")
     parts.append("</body></html>")
     path = d / "report.html"
-    tmp = d / ".report.html.tmp"
-    tmp.write_text("\n".join(parts))
-    tmp.replace(path)
+    from slimcaching.fileio import atomic_write
+
+    atomic_write(path, "\n".join(parts))
     return path

@@ -146,12 +146,12 @@ def _drop_failed(path: Path) -> None:
     """On resume, failed points are run again: remove their rows first."""
     with path.open() as f:
         rows = [r for r in csv.DictReader(f) if not r.get("error")]
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
+    from slimcaching.fileio import atomic_output
+
+    with atomic_output(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    tmp.replace(path)
 
 
 def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = False, backend: str = "process",

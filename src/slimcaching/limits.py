@@ -1,0 +1,41 @@
+"""Size limits checked before anything is materialised, so a file that implies terabytes, or a
+YAML alias bomb, gets one clear error instead of a hang or a MemoryError.
+
+Each limit can be raised for a run through an environment variable ``SLIMCACHING_LIMIT_<NAME>``
+(for example ``SLIMCACHING_LIMIT_USERS=2000000``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from slimcaching.errors import ScenarioError
+
+DEFAULTS = {
+    "users": 200_000,  # users after expanding user_groups
+    "layers": 4_096,  # MoE layers of one model
+    "experts": 65_536,  # experts per layer
+    "items": 20_000_000,  # (model, layer, expert) items over all models
+    "profile_sets": 20_000_000,  # co-activation sets over all layers of one profile
+    "synthetic_tokens": 10_000_000,  # tokens a synthetic profile draws
+    "simulate_tokens": 50_000_000,  # tokens x layers drawn by simulate
+    "yaml_values": 5_000_000,  # values a YAML file stands for once aliases are expanded
+    "servers": 100_000,
+}
+
+
+def limit(name: str) -> int:
+    env = os.environ.get(f"SLIMCACHING_LIMIT_{name.upper()}")
+    if env:
+        try:
+            return int(float(env))
+        except ValueError:
+            raise ScenarioError(f"SLIMCACHING_LIMIT_{name.upper()}", "expected a number", env) from None
+    return DEFAULTS[name]
+
+
+def check(name: str, value: int, field: str, what: str = "") -> None:
+    cap = limit(name)
+    if value > cap:
+        raise ScenarioError(field, f"{what or name} of {value:,} exceeds the limit of {cap:,} "
+                            f"(raise SLIMCACHING_LIMIT_{name.upper()} if this is meant)", value)
