@@ -19,3 +19,109 @@ def test_hostile_input(case, tmp_path):
     outcome = run(case, tmp_path)
     want = "ok" if case.expect == "ok" else "clean"
     assert outcome.kind == want, f"{case.id}: {outcome.kind} (exit {outcome.code})\n{outcome.stderr[-2000:]}"
+
+
+def test_validate_reports_every_error(tmp_path, capsys):
+    from slimcaching.cli import main
+
+    (tmp_path / "s.yaml").write_text(
+        "models:\n  - {name: m, layers: 2}\n  - {name: n, preset: nope}\ncloud: {flops: 1 TFLOPS}\n"
+        "servers:\n  - {name: e0, capacity_bytes: 1 GB, flops: 1 TFLOPS, cloud_rate_bps: 1 Gbit/s, cloud_rtt_s: 1 ms}\n"
+        "users:\n  - {name: u, home: e0, uplink_bps: 1 Mbit/s, downlink_bps: 1 Mbit/s, rtt_s: 1 ms, flops: 1 TFLOPS,"
+        " workload: [{model: m, weight: 1, profile: p}]}\n")
+    assert main(["validate", str(tmp_path / "s.yaml")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 8 and all(ln.startswith("error: models[") for ln in lines)
+    assert any("models[1].preset" in ln for ln in lines) and any("models[0].dense_flops" in ln for ln in lines)
+    # other commands say the first error in one line, with the count
+    assert main(["export", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "and 7 more" in err[0]
+
+
+# ---- sweeps: torn CSV lines, Ctrl-C, a killed main process ------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    import os
+
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_sweep(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "experiment", "runtime", "--out", str(tmp_path),
+                          "--seeds", "3", "--backend", "process", "--workers", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    workers: list[int] = []
+    while time.time() < deadline and len(workers) < 2:
+        time.sleep(0.3)
+        workers = [c for c in _children(p.pid) if "resource_tracker" not in open(f"/proc/{c}/cmdline").read()]
+    assert len(workers) >= 2, "workers did not start"
+    time.sleep(1.0)
+    return p, workers
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_a_sweep_within_seconds(tmp_path):
+    import signal
+    import time
+
+    p, workers = _start_sweep(tmp_path)
+    t0 = time.time()
+    p.send_signal(signal.SIGINT)
+    p.wait(30)
+    assert time.time() - t0 < 10
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)]
+    assert "Traceback" not in p.stderr.read()
+
+
+@pytest.mark.timeout(120)
+def test_killed_main_process_leaves_no_worker(tmp_path):
+    import signal
+    import time
+
+    p, workers = _start_sweep(tmp_path)
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)]
+
+
+def test_torn_last_csv_line_is_run_again(tmp_path):
+    from slimcaching.experiments import run_experiment
+    from slimcaching.experiments.runner import _complete_rows
+
+    path = run_experiment("models", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu"])
+    full = _complete_rows(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) - 25])  # power cut in the middle of the last row
+    assert len(_complete_rows(path)) == len(full) - 1
+    run_experiment("models", tmp_path, seeds=1, quick=True, backend="serial", algorithms=["lfu"], resume=True)
+    again = _complete_rows(path)
+    assert len(again) == len(full)
+    assert sorted((r["point"], r["seed"], r["algorithm"]) for r in again) == \
+        sorted((r["point"], r["seed"], r["algorithm"]) for r in full)

@@ -47,8 +47,18 @@ def _parse_params(items: list[str] | None) -> dict:
 
 @app.command()
 def validate(scenario: ScenarioArg = "default") -> None:
-    """Check a scenario file and print a one-paragraph summary."""
-    sc = _load(scenario)
+    """Check a scenario file: one line per error (every independent error, not just the first), or a
+    one-line summary."""
+    from rich.markup import escape
+
+    from slimcaching.scenario import ScenarioErrors
+
+    try:
+        sc = _load(scenario)
+    except ScenarioErrors as exc:
+        for e in exc.errors:
+            console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
               f"{len(sc.users)} users, {len(sc.profiles)} profiles")
 
@@ -684,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = get_command(app)
     try:
-        cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
+        rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
+            return rv
     except NoArgsIsHelpError as exc:
         console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
         return 2

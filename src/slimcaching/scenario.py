@@ -325,20 +325,15 @@ def _yaml_loader():
 
     class Loader(base):  # type: ignore[misc, valid-type]
         def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    dup = key in seen
-                except TypeError:
-                    dup = False
-                if dup:
-                    mark = key_node.start_mark
-                    raise _DuplicateKey(f"{key!r} at line {mark.line + 1}")
-                try:
-                    seen.add(key)
-                except TypeError:
-                    pass
+            # duplicate keys compared on the parsed scalars: no key is constructed twice
+            keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            if len(set(keys)) != len(keys):
+                seen = set()
+                for k, _ in node.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        if (k.tag, k.value) in seen:
+                            raise _DuplicateKey(f"{k.value!r} at line {k.start_mark.line + 1}")
+                        seen.add((k.tag, k.value))
             return super().construct_mapping(node, deep=deep)
 
     return Loader
@@ -375,7 +370,8 @@ def parse_yaml(text: str, path: Path, what: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        size = _expanded_size(node, limit("yaml_values"))
+        # only anchors (&) let aliases multiply a document: count what they expand to
+        size = _expanded_size(node, limit("yaml_values")) if "&" in text else 0
         if size > limit("yaml_values"):
             raise ScenarioError(what, f"{path}: YAML expands to more than {limit('yaml_values'):,} values "
                                 "(aliases?); raise SLIMCACHING_LIMIT_YAML_VALUES if this is meant")

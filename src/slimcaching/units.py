@@ -7,6 +7,7 @@ explicit and testable. Decimal prefixes are powers of 1000, binary ones (KiB, Mi
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -53,7 +54,22 @@ UNITS = _table()
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
 
 
+@functools.lru_cache(maxsize=8192)
+def _parse_string(value: str, kind: str) -> float:
+    return _parse(value, kind, "value")
+
+
 def parse_quantity(value: object, kind: str, field: str = "value") -> float:
+    """See :func:`_parse`; strings are cached (a big scenario repeats the same few thousand times)."""
+    if isinstance(value, str):
+        try:
+            return _parse_string(value, kind)
+        except ScenarioError as exc:
+            raise ScenarioError(field, str(exc).split(": ", 1)[1], show_value=False) from None
+    return _parse(value, kind, field)
+
+
+def _parse(value: object, kind: str, field: str = "value") -> float:
     """Return ``value`` in SI units of ``kind`` as a float.
 
     Plain numbers are taken as SI already. Strings are ``<number> <unit>`` with a unit from

@@ -100,15 +100,45 @@ def serial_executor(tasks: list[Task], **_) -> Iterable[list[dict]]:
         yield run_point(*t)
 
 
+def _watch_parent(parent: int) -> None:
+    """Worker initializer: exit as soon as the main process is gone (even if it was SIGKILLed)."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iterable[list[dict]]:
     import multiprocessing as mp
+    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_watch_parent,
+                               initargs=(os.getpid(),))
+    try:
         futures = [pool.submit(run_point, *t) for t in tasks]
         for f in as_completed(futures):
             yield f.result()
+    except BaseException:
+        # Ctrl-C or an error: do not wait for running points (minutes); stop the workers now
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(5)
+        raise
+    else:
+        pool.shutdown(wait=True)
 
 
 def ray_executor(tasks: list[Task], address: str | None = None, workers: int | None = None, **_):
@@ -135,17 +165,33 @@ def ray_executor(tasks: list[Task], address: str | None = None, workers: int | N
 EXECUTORS: dict[str, Callable] = {"serial": serial_executor, "process": process_executor, "ray": ray_executor}
 
 
+def _complete_rows(path: Path) -> list[dict]:
+    """Rows of a sweep CSV that were written whole: a torn last line (power cut, kill) is dropped,
+    so that point runs again on ``--resume``."""
+    rows = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            if None in r or any(r.get(c) is None for c in COLUMNS) or r.get("experiment") is None:
+                continue
+            try:
+                int(r["seed"])
+                float(r["latency_ms"])
+            except (TypeError, ValueError):
+                continue
+            rows.append(r)
+    return rows
+
+
 def _done_keys(path: Path) -> set[tuple[str, int]]:
     if not path.exists():
         return set()
-    with path.open() as f:
-        return {(r["point"], int(r["seed"])) for r in csv.DictReader(f) if not r.get("error")}
+    return {(r["point"], int(r["seed"])) for r in _complete_rows(path) if not r.get("error")}
 
 
 def _drop_failed(path: Path) -> None:
-    """On resume, failed points are run again: remove their rows first."""
-    with path.open() as f:
-        rows = [r for r in csv.DictReader(f) if not r.get("error")]
+    """On resume, failed and torn rows are run again: rewrite the file without them (and so without a
+    half line the next rows would be glued to)."""
+    rows = [r for r in _complete_rows(path) if not r.get("error")]
     from slimcaching.fileio import atomic_output
 
     with atomic_output(path) as tmp, tmp.open("w", newline="") as f:
