@@ -38,5 +38,5 @@ bench: $(VENV)/.full
 	$(BIN)/python benchmarks/bench_evaluate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache examples/runtime/tiny-moe examples/runtime/placement.json \
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis src/*.egg-info examples/runtime/tiny-moe examples/runtime/placement.json \
 	    examples/runtime/run.json

@@ -22,7 +22,36 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
 app.add_typer(scenario_app, name="scenario")
 console = Console(stderr=True)
-out = Console()
+# piped or redirected output is not a terminal: use a wide page so tables never cut names
+out = Console() if sys.stdout.isatty() else Console(width=250)
+
+
+def _table(*headers: str, **kw) -> Table:
+    """A table whose cells fold onto more lines in a narrow terminal instead of being cut with '…'."""
+    t = Table(*headers, **kw)
+    for c in t.columns:
+        c.overflow = "fold"
+    return t
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("slimcaching")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            v = "unknown"
+        sys.stdout.write(f"slimcaching {v}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main_options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """SlimCaching: edge caching of MoE experts for distributed inference."""
 
 ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]
 
@@ -185,14 +214,14 @@ def evaluate(
               f"{result['share_edge_only']:.1%} edge only, {result['share_needs_cloud']:.1%} need the cloud; "
               f"access link {result['access_bytes_per_token'] / 1e3:.1f} kB/token, backhaul "
               f"{result['backhaul_bytes_per_token'] / 1e3:.1f} kB/token")
-    t = Table("model", "latency ms", "all-local", "edge only", "cloud", "kB/token")
+    t = _table("model", "latency ms", "all-local", "edge only", "cloud", "kB/token")
     for name, d in result["per_model"].items():
         t.add_row(name, f"{d['mean_token_latency_s'] * 1e3:.3f}", f"{d['share_all_local']:.1%}",
                   f"{d['share_edge_only']:.1%}", f"{d['share_needs_cloud']:.1%}",
                   f"{d['access_bytes_per_token'] / 1e3:.1f}")
     out.print(t)
     if users:
-        t = Table("user", "model", "home", "latency ms", "all-local", "edge only", "cloud", "kB/token")
+        t = _table("user", "model", "home", "latency ms", "all-local", "edge only", "cloud", "kB/token")
         for d in result["users"]:
             t.add_row(d["user"], d["model"], d["home"], f"{d['mean_token_latency_s'] * 1e3:.3f}",
                       f"{d['share_all_local']:.1%}", f"{d['share_edge_only']:.1%}",
@@ -205,7 +234,7 @@ def simulate(
     scenario: ScenarioArg,
     placement: Annotated[Path, typer.Argument(help="Placement JSON file.")],
     tokens: Annotated[int, typer.Option("--tokens", "-n", min=1, help="Tokens to draw.")] = 10000,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the drawn tokens.")] = 0,
     queueing: Annotated[bool, typer.Option("--queueing", help="FIFO queues at edge servers and backhauls "
                                            "(see docs/model.md for the assumptions).")] = False,
     load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every "
@@ -214,7 +243,7 @@ def simulate(
                                                "K, or a profile .trace.npz) instead of drawing tokens.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="With --trace: the user it is served to.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --trace: the model it belongs to.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Token-level Monte Carlo simulation of a placement (or replay of a routing trace)."""
     from slimcaching.evaluation import problem_for
@@ -332,7 +361,7 @@ def demo(
         from slimcaching.algorithms import solve as _s
 
         ref = problem.objective(_s(problem, "none").x)
-    t = Table(title="mean per-token latency (lower is better)")
+    t = _table(title="mean per-token latency (lower is better)")
     t.add_column("algorithm", no_wrap=True)
     t.add_column("ms/token", justify="right", no_wrap=True)
     t.add_column("vs none", justify="right", no_wrap=True)
@@ -494,7 +523,7 @@ def profile(
                                           "(encoder-decoder: N decoder tokens, at least 1).")] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:i].")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16, float16.")] = "auto",
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per forward pass.")] = 8,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Prefill token budget (whole "
                                                    "prompts; a first prompt longer than it is truncated).")] = None,
     text_field: Annotated[str, typer.Option("--text-field", help="JSONL field with the text.")] = "text",
@@ -570,7 +599,7 @@ def profile_stats_cmd(
     profile_file: Annotated[Path, typer.Argument(help="Profile (.json/.npz).")],
     other: Annotated[Path | None, typer.Option("--compare", help="A second profile to compare with.")] = None,
     heatmap: Annotated[Path | None, typer.Option("--heatmap", help="Write a per-layer heat map (PNG).")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Skew, co-activation and differences of activation profiles."""
     from slimcaching.profile_stats import compare, layer_stats, summary_stats
@@ -590,7 +619,7 @@ def profile_stats_cmd(
     out.print(f"{prof.model}: {s['layers']} layers; normalised entropy {s['entropy_norm']:.3f}, top-10% experts "
               f"carry {s['top10pct_share']:.1%}, most frequent set {s['top_set_prob']:.1%}, "
               f"{s['distinct_sets']:.0f} distinct sets per layer")
-    t = Table("layer", "sets", "entropy", "top-10%", "top pair (lift)")
+    t = _table("layer", "sets", "entropy", "top-10%", "top pair (lift)")
     for st in result["layers"]:
         pair = st["top_pairs"][0] if st["top_pairs"] else None
         t.add_row(str(st["layer"]), str(st["distinct_sets"]), f"{st['entropy_norm']:.3f}",
@@ -609,7 +638,7 @@ def profile_stats_cmd(
 def profile_fit_cmd(
     profile_file: Annotated[Path, typer.Argument(help="Measured profile (.json/.npz).")],
     tokens: Annotated[int, typer.Option(help="Tokens per synthetic profile.")] = 2000,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the fitted synthetic router.")] = 0,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the fit as JSON.")] = None,
 ) -> None:
     """Fit the synthetic router's parameters to a measured profile (to scale it to many users)."""
@@ -628,38 +657,51 @@ def profile_fit_cmd(
 
 
 @app.command("algorithms")
-def list_algorithms() -> None:
+def list_algorithms(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
     """List the registered placement algorithms and their parameters."""
-    from slimcaching.algorithms import algorithm_names, get_algorithm
+    from slimcaching.algorithms import PARAM_RULES, algorithm_names, get_algorithm
 
-    t = Table("name", "what", "parameters (defaults)")
+    rows = []
     for n in algorithm_names():
         spec = get_algorithm(n)
-        t.add_row(n, spec.summary, ", ".join(f"{k}={v}" for k, v in spec.defaults.items()))
+        params = {}
+        for k, v in spec.defaults.items():
+            kind, lo, hi, lo_ok = PARAM_RULES.get(k, (type(v), None, None, True))
+            params[k] = {"default": v, "type": kind.__name__, "min": lo, "min_inclusive": lo_ok, "max": hi}
+        rows.append({"name": n, "summary": spec.summary, "parameters": params})
+    if as_json:
+        sys.stdout.write(json.dumps({"algorithms": rows}) + "\n")
+        return
+    t = _table("name", "what", "parameters (defaults)")
+    for r in rows:
+        t.add_row(r["name"], r["summary"], ", ".join(f"{k}={v['default']}" for k, v in r["parameters"].items()))
     out.print(t)
 
 
 @app.command("presets")
-def list_presets() -> None:
-    """List model presets with their resolved numbers (bf16)."""
+def list_presets(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, fp16, int8 or int4.")] = "bf16",
+) -> None:
+    """List model presets with their resolved numbers."""
     from slimcaching.presets import ARCHS, resolve_preset
 
-    t = Table("preset", "HF id", "MoE layers", "E", "K", "expert MB", "dense GB", "total params")
+    rows = []
     for name, arch in ARCHS.items():
-        r = resolve_preset(name)
-        t.add_row(name, arch.hf_id, str(r["layers"]), str(r["experts"]), str(r["top_k"]),
+        r = resolve_preset(name, precision, field_name="--precision")
+        rows.append({"preset": name, "hf_id": arch.hf_id, "precision": precision, **r,
+                     "total_params": arch.total_params()})
+    if as_json:
+        sys.stdout.write(json.dumps({"presets": rows}) + "\n")
+        return
+    t = _table("preset", "HF id", "MoE layers", "E", "K", "expert MB", "dense GB", "total params")
+    for r in rows:
+        t.add_row(r["preset"], r["hf_id"], str(r["layers"]), str(r["experts"]), str(r["top_k"]),
                   f"{r['expert_bytes'] / 1e6:.1f}", f"{r['dense_bytes'] / 1e9:.2f}",
-                  f"{arch.total_params() / 1e9:.2f}B")
+                  f"{r['total_params'] / 1e9:.2f}B")
     out.print(t)
-
-
-def _register_runtime() -> None:
-    from slimcaching.cli_runtime import register
-
-    register(app)
-
-
-_register_runtime()
 
 
 def _usage_line(exc) -> str:

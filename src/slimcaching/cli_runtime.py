@@ -74,7 +74,8 @@ def cluster_run(
     model: ModelOpt,
     prompts: Annotated[Path | None, typer.Option("--prompts", help="Prompts file (one per line, or JSONL).")] = None,
     prompt: Annotated[list[str] | None, typer.Option("--prompt", help="A prompt (repeatable).")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, max=4096)] = 16,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, max=4096,
+                                                                   help="Tokens to generate per prompt.")] = 16,
     users: Annotated[str | None, typer.Option("--users", help="Comma-separated users generating at once "
                                               "(default: the first user).")] = None,
     model_name: ModelNameOpt = None,
@@ -168,9 +169,12 @@ def node_cmd(
     name: Annotated[str, typer.Argument(help="Node to run: an edge server's name or 'cloud'.")],
     cluster: Annotated[Path, typer.Option("--cluster", help="Cluster file: nodes -> host:port (+ scenario, "
                                           "placement, model).")],
-    scenario: Annotated[str | None, typer.Option("--scenario")] = None,
-    placement: Annotated[str | None, typer.Option("--placement")] = None,
-    model: Annotated[str | None, typer.Option("--model")] = None,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
+                                                "file's).")] = None,
+    placement: Annotated[str | None, typer.Option("--placement", help="Placement file (default: the cluster "
+                                                  "file's).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
+                                              "file's).")] = None,
     model_name: ModelNameOpt = None,
     bind: Annotated[str | None, typer.Option("--bind", help="Address to listen on (default: the cluster "
                                              "file's host for this node).")] = None,
@@ -210,10 +214,14 @@ def generate_cmd(
     user: Annotated[str, typer.Option("--user", help="The scenario user this device is.")],
     prompt: Annotated[list[str] | None, typer.Option("--prompt", help="A prompt (repeatable).")] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", help="Prompts file.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, max=4096)] = 16,
-    scenario: Annotated[str | None, typer.Option("--scenario")] = None,
-    placement: Annotated[str | None, typer.Option("--placement")] = None,
-    model: Annotated[str | None, typer.Option("--model")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, max=4096,
+                                                                   help="Tokens to generate per prompt.")] = 16,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
+                                                "file's).")] = None,
+    placement: Annotated[str | None, typer.Option("--placement", help="Placement file (default: the cluster "
+                                                  "file's).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
+                                              "file's).")] = None,
     model_name: ModelNameOpt = None,
     pace: PaceOpt = False,
     no_emulate: NoEmuOpt = False,

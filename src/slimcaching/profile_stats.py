@@ -91,6 +91,10 @@ def heatmap(profile: Profile, path: str, experts: int | None = None) -> None:
     im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("expert")
     ax.set_ylabel("MoE layer")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole layers only
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{profile.model}: share of activations per expert")
     fig.colorbar(im, ax=ax, label="share of the layer's activations")
     fig.tight_layout()

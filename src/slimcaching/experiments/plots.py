@@ -89,11 +89,19 @@ def fitted_slopes(agg: dict) -> dict[str, float]:
     return out
 
 
-def summary(exp: Experiment, rows: list[dict], agg: dict) -> str:
+def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = "default scenario") -> str:
     seeds = sorted({r["seed"] for r in rows})
     failed = [r for r in rows if r.get("error")]
-    lines = [f"# Experiment `{exp.name}`", "", exp.description, "",
-             f"{len(seeds)} seed(s); {exp.ylabel} by {exp.xlabel}; mean ± 95% CI half-width.", ""]
+    spread = any(p[2] > 0 for pts in agg.values() for p in pts)
+    if len(seeds) > 1 and spread:
+        how = "mean ± 95% CI half-width over seeds (each seed redraws users, homes and profiles)"
+    elif len(seeds) > 1:
+        how = ("every seed gave the same value (the scenario does not depend on the seed), so no spread is "
+               "shown")
+    else:
+        how = "one seed, no spread"
+    lines = [f"# Experiment `{exp.name}` on the {scenario_label}", "", exp.description, "",
+             f"{len(seeds)} seed(s); {exp.ylabel} by {exp.xlabel}; {how}.", ""]
     algos = [a for a in list(exp.algorithms) + ["exact"] if a in agg]
     xs = sorted({p[0] for a in algos for p in agg[a]})
     lines.append("| x | " + " | ".join(algos) + " |")
@@ -102,7 +110,10 @@ def summary(exp: Experiment, rows: list[dict], agg: dict) -> str:
         cells = []
         for a in algos:
             hit = [p for p in agg[a] if p[0] == x]
-            cells.append(f"{hit[0][1]:.4g} ± {hit[0][2]:.2g}" if hit else "–")
+            if not hit:
+                cells.append("–")
+            else:
+                cells.append(f"{hit[0][1]:.4g} ± {hit[0][2]:.2g}" if hit[0][2] > 0 else f"{hit[0][1]:.4g}")
         lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
     lines.append("")
     main = "slimcaching" if "slimcaching" in agg else "slimcaching-fast"
@@ -125,7 +136,7 @@ def summary(exp: Experiment, rows: list[dict], agg: dict) -> str:
             lines += ["## Headline claim at 2.5 GB", "", f"Ours: `{main}`.", "",
                       "| | vs Greedy | vs LFU |", "|---|---|---|",
                       f"| the paper reports | {PAPER_HEADLINE['greedy']}% lower | {PAPER_HEADLINE['lfu']}% lower |",
-                      f"| we measure (default scenario) | {ours.get('greedy', float('nan')):.1f}% lower | "
+                      f"| we measure ({scenario_label}) | {ours.get('greedy', float('nan')):.1f}% lower | "
                       f"{ours.get('lfu', float('nan')):.1f}% lower |", "",
                       "Our scenario, network and profiles are synthetic stand-ins for the paper's (its full "
                       "text and traces are not available here), so the numbers need not match; the table says "
@@ -153,40 +164,58 @@ def summary(exp: Experiment, rows: list[dict], agg: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(exp: Experiment, csv_path: Path, out: Path) -> None:
+def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: str = "default scenario") -> None:
+    from slimcaching.fileio import atomic_write
+
     rows = read_rows(csv_path)
     agg = aggregate(rows, exp.metric)
     if agg:
         plot(exp, agg, out)
-    (out / f"{exp.name}.md").write_text(summary(exp, rows, agg))
+    atomic_write(out / f"{exp.name}.md", summary(exp, rows, agg, scenario_label))
+
+
+def _inline(text: str) -> str:
+    """Escape, then render `code` spans as <code> (no literal backticks in the page)."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)) if len(parts) % 2 else \
+        html.escape(text).replace("`", "")
 
 
 def _md_to_html(text: str) -> str:
-    """Tiny markdown subset (headings, tables, bullet lists, paragraphs) for the report."""
-    out, table = [], []
+    """Tiny markdown subset (headings, tables, bullet lists, paragraphs) for the report; list items
+    are always inside a <ul>."""
+    out, table, items = [], [], []
 
-    def flush_table():
+    def flush():
         if table:
             rows = [r.strip("|").split("|") for r in table if not set(r.replace("|", "").strip()) <= {"-"}]
             out.append("<table>" + "".join(
-                "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{html.escape(c.strip())}</{'th' if i == 0 else 'td'}>"
+                "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{_inline(c.strip())}</{'th' if i == 0 else 'td'}>"
                                  for c in r) + "</tr>" for i, r in enumerate(rows)) + "</table>")
             table.clear()
+        if items:
+            out.append("<ul>" + "".join(f"<li>{_inline(it)}</li>" for it in items) + "</ul>")
+            items.clear()
 
     for line in text.splitlines():
         if line.startswith("|"):
+            if items:
+                flush()
             table.append(line)
             continue
-        flush_table()
+        if line.startswith("- "):
+            if table:
+                flush()
+            items.append(line[2:])
+            continue
+        flush()
         if line.startswith("## "):
-            out.append(f"<h3>{html.escape(line[3:])}</h3>")
+            out.append(f"<h3>{_inline(line[3:])}</h3>")
         elif line.startswith("# "):
-            out.append(f"<h2>{html.escape(line[2:]).replace('`', '')}</h2>")
-        elif line.startswith("- "):
-            out.append(f"<li>{html.escape(line[2:])}</li>")
+            out.append(f"<h2>{_inline(line[2:])}</h2>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
-    flush_table()
+            out.append(f"<p>{_inline(line)}</p>")
+    flush()
     return "\n".join(out)
 
 

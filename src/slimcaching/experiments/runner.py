@@ -247,5 +247,10 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
                 progress(k, total)
     from slimcaching.experiments.plots import write_outputs
 
-    write_outputs(exp, path, out)
+    label = "default scenario"
+    if scenario_path is not None:
+        from slimcaching.scenario import load_scenario
+
+        label = f"scenario {load_scenario(scenario_path).name!r} ({Path(scenario_path).name})"
+    write_outputs(exp, path, out, label)
     return path
