@@ -236,6 +236,24 @@ def cases() -> list[Case]:
     # ---- honest summaries (requirement 8) -------------------------------------------------------------
     C.append(Case("summary/exact-no-incumbent", ["solve", "default", "-a", "exact", "--time-limit", "0.01",
                                                  "-o", "{d}/x.json"], {}, needle="time limit", timeout=120))
+    # ---- every numeric field with values that are wrong for it ----------------------------------------
+    fields = ([f"models__0__{f}" for f in ("layers", "experts", "top_k", "expert_bytes", "expert_flops",
+                                           "hidden_bytes", "dense_bytes", "dense_flops")]
+              + ["cloud__flops", "cloud__mem_bandwidth"]
+              + [f"servers__0__{f}" for f in ("capacity_bytes", "flops", "mem_bandwidth", "cloud_rate_bps",
+                                              "cloud_rtt_s")]
+              + [f"server_links__0__{f}" for f in ("rate_bps", "rtt_s")]
+              + [f"users__0__{f}" for f in ("uplink_bps", "downlink_bps", "rtt_s", "flops", "mem_bandwidth",
+                                            "cache_bytes", "rate")])
+    for f in fields:
+        for label, value in (("negative", -1), ("text", "abc"), ("bool", True), ("list", [1]),
+                             ("mapping", {"a": 1}), ("unit-overflow", "1e999 GB"), ("big-int", 10**400)):
+            C.append(Case(f"field/{f.replace('__', '.')}={label}", ["validate", "{d}/sc.json"],
+                          {"sc.json": _scenario(**{f: value})}))
+    for f in ("users__0__workload", "users__0__home", "users__0__name", "servers__0__name", "models__0__name",
+              "profiles__m0/t0__layers", "profiles__m0/t0__model", "cloud"):
+        C.append(Case(f"missing/{f.replace('__', '.')}", ["validate", "{d}/sc.json"],
+                      {"sc.json": _scenario(**{f: _DELETE})}))
     # ---- things that must keep working ------------------------------------------------------------------
     C.append(Case("ok/validate", ["validate", "{d}/sc.json"], sc, expect="ok"))
     C.append(Case("ok/solve-evaluate", ["solve", "{d}/sc.json", "-a", "lfu", "-o", "{d}/pl.json"], sc, expect="ok"))
@@ -281,8 +299,9 @@ def classify(case: Case, code: int | None, stderr: str, before: set[str], after:
         kind = "ok" if code == 0 else "unexpected-error"
     elif code == 0:
         kind = "silent"
-    elif len(lines) != 1 or not lines[0].startswith("error: ") or ": " not in lines[0][7:]:
-        kind = "format"
+    elif (len(lines) != 1 and not (case.argv[0] == "validate" and lines)) or \
+            not all(ln.startswith("error: ") and ": " in ln[7:] for ln in lines):
+        kind = "format"  # one error line (validate: one line per error)
     elif case.needle and case.needle.lower() not in lines[0].lower():
         kind = "format"
     elif after - before:

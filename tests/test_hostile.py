@@ -125,3 +125,66 @@ def test_torn_last_csv_line_is_run_again(tmp_path):
     assert len(again) == len(full)
     assert sorted((r["point"], r["seed"], r["algorithm"]) for r in again) == \
         sorted((r["point"], r["seed"], r["algorithm"]) for r in full)
+
+
+def test_concurrent_writers_never_corrupt_an_output(tmp_path):
+    import threading
+
+    from slimcaching.fileio import atomic_write
+
+    target = tmp_path / "out.json"
+    texts = ["A" * 400_000 + "\n", "B" * 300_000 + "\n"]
+    errors = []
+
+    def writer(text):
+        try:
+            for _ in range(30):
+                atomic_write(target, text)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert target.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_cli_small_contracts(tmp_path, capsys):
+    import json
+
+    from slimcaching.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("slimcaching ")
+    assert main(["presets", "--json"]) == 0
+    presets = json.loads(capsys.readouterr().out)["presets"]
+    assert any(p["preset"] == "switch-base-8" for p in presets)
+    assert main(["algorithms", "--json"]) == 0
+    algos = json.loads(capsys.readouterr().out)["algorithms"]
+    assert {a["name"] for a in algos} >= {"slimcaching", "exact", "lfu"}
+    assert main(["presets"]) == 0  # not a terminal here: full names, never cut with an ellipsis
+    table = capsys.readouterr().out
+    assert "switch-base-256" in table and "…" not in table
+    sc = tmp_path / "sc.json"
+    sc.write_text(json.dumps(__import__("hostile_cases").BASE))
+    assert main(["solve", str(sc), "-a", "lfu"]) == 0
+    text = capsys.readouterr().out
+    assert len(text.strip().splitlines()) == 1 and json.loads(text)["format"] == "slimcaching/placement@1"
+    assert main(["solve", str(sc), "-a", "exact", "-p", "relax=true", "-o", str(tmp_path / "lp.json")]) == 0
+    assert "lower bound" in capsys.readouterr().err
+
+
+def test_report_html_lists_are_well_formed():
+    from slimcaching.experiments.plots import _md_to_html
+
+    out = _md_to_html("# T `x`\n- a `b`\n- c\ntext\n| h |\n|---|\n| 1 |\n- d")
+    assert "`" not in out and "<code>x</code>" in out
+    assert out.count("<ul>") == 2 and out.count("</ul>") == 2
+    import re
+
+    outside = re.sub(r"<ul>.*?</ul>", "", out, flags=re.S)
+    assert "<li>" not in outside

@@ -79,7 +79,10 @@ def _parse(value: object, kind: str, field: str = "value") -> float:
     if isinstance(value, bool):
         raise ScenarioError(field, "expected a number or a unit string", value)
     if isinstance(value, (int, float)):
-        out = float(value)
+        try:
+            out = float(value)
+        except OverflowError:
+            raise ScenarioError(field, "number too large", str(value)[:20] + "...") from None
     elif isinstance(value, str):
         m = _NUMBER_UNIT.match(value)
         if not m:
