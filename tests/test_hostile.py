@@ -188,3 +188,22 @@ def test_report_html_lists_are_well_formed():
 
     outside = re.sub(r"<ul>.*?</ul>", "", out, flags=re.S)
     assert "<li>" not in outside
+
+
+def test_every_option_has_help_text():
+    from typer.main import get_command
+
+    from slimcaching.cli import app
+
+    missing = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, path + [name])
+            return
+        missing.extend(f"{' '.join(path)} {p.name}" for p in cmd.params if not getattr(p, "help", None))
+
+    walk(get_command(app), [])
+    assert not missing

@@ -201,7 +201,7 @@ def evaluate(
     problem = problem_for(sc, pl) if pl.local else base
     result = {"algorithm": pl.algorithm, **placement_breakdown(problem, pl)}
     if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
         return
     if pl.latency_model == "u-shaped":
         out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms (U-shaped: "
@@ -279,7 +279,7 @@ def simulate(
                 raise ScenarioError("--model", "no user requests this model; name one with --user", model)
         res = replay_trace(problem, pl.x, arr, user, model)
         if as_json:
-            sys.stdout.write(json.dumps(res) + "\n")
+            sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
             return
         out.print(f"replayed {res['tokens']} tokens of {model} for {user}: mean {res['mean_token_latency_s'] * 1e3:.3f}"
                   f" ms; p50 {res['p50_s'] * 1e3:.3f}, p95 {res['p95_s'] * 1e3:.3f}, p99 {res['p99_s'] * 1e3:.3f} ms")
@@ -291,7 +291,7 @@ def simulate(
             raise ScenarioError("--load", "must be > 0", load)
         res = simulate_queueing(problem, pl.x, tokens, load=load, seed=seed)
         if as_json:
-            sys.stdout.write(json.dumps(res) + "\n")
+            sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
             return
         busiest = max(res["server_utilisation"].items(), key=lambda t: t[1]) if res["server_utilisation"] else None
         out.print(f"{tokens} tokens at load x{load:g}: mean {res['mean_token_latency_s'] * 1e3:.3f} ms "
@@ -301,7 +301,7 @@ def simulate(
         return
     res = simulate_tokens(problem, pl.x, tokens, seed=seed)
     if as_json:
-        sys.stdout.write(json.dumps(res) + "\n")
+        sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
         return
     out.print(f"{tokens} tokens: mean {res['mean_token_latency_s'] * 1e3:.3f} ms "
               f"(analytic {res['analytic_mean_token_latency_s'] * 1e3:.3f} ms, "
@@ -413,7 +413,7 @@ def scenario_new(
     resolve_scenario(data)  # validate before writing anything
     suffix = output.suffix.lower()
     if suffix == ".json":
-        text = json.dumps(data, indent=1) + "\n"
+        text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     elif suffix in (".yaml", ".yml"):
         text = yaml.safe_dump(data, sort_keys=False)
     elif suffix == ".toml":
@@ -613,7 +613,7 @@ def profile_stats_cmd(
     if heatmap is not None:
         draw(prof, str(heatmap))
     if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
         return
     s = result["summary"]
     out.print(f"{prof.model}: {s['layers']} layers; normalised entropy {s['entropy_norm']:.3f}, top-10% experts "
@@ -646,7 +646,7 @@ def profile_fit_cmd(
     from slimcaching.profiles import Profile
 
     fit = fit_synthetic(Profile.load(profile_file, "profile"), tokens=tokens, seed=seed)
-    text = json.dumps(fit, indent=1) + "\n"
+    text = json.dumps(fit, indent=1, allow_nan=False) + "\n"
     if output:
         from slimcaching.scenario import atomic_write
 
@@ -672,7 +672,7 @@ def list_algorithms(
             params[k] = {"default": v, "type": kind.__name__, "min": lo, "min_inclusive": lo_ok, "max": hi}
         rows.append({"name": n, "summary": spec.summary, "parameters": params})
     if as_json:
-        sys.stdout.write(json.dumps({"algorithms": rows}) + "\n")
+        sys.stdout.write(json.dumps({"algorithms": rows}, allow_nan=False) + "\n")
         return
     t = _table("name", "what", "parameters (defaults)")
     for r in rows:
@@ -694,7 +694,7 @@ def list_presets(
         rows.append({"preset": name, "hf_id": arch.hf_id, "precision": precision, **r,
                      "total_params": arch.total_params()})
     if as_json:
-        sys.stdout.write(json.dumps({"presets": rows}) + "\n")
+        sys.stdout.write(json.dumps({"presets": rows}, allow_nan=False) + "\n")
         return
     t = _table("preset", "HF id", "MoE layers", "E", "K", "expert MB", "dense GB", "total params")
     for r in rows:

@@ -273,7 +273,7 @@ def calibrate_cmd(
 
     r = calibrate(str(model), tokens)
     if as_json:
-        sys.stdout.write(json.dumps(r) + "\n")
+        sys.stdout.write(json.dumps(r, allow_nan=False) + "\n")
         return
     t = Table("quantity", "value")
     t.add_row("dense part per decoded token", _ms(r["dense_s"]))
