@@ -136,3 +136,13 @@ def test_usage_errors_exit_2_without_traceback(argv, tmp_path, monkeypatch, caps
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
     assert "solve" in capsys.readouterr().out
+
+
+def test_every_command_is_registered():
+    from typer.main import get_command
+
+    from slimcaching.cli import app
+
+    names = set(get_command(app).commands)
+    assert {"validate", "export", "solve", "evaluate", "simulate", "demo", "scenario", "experiment", "report",
+            "profile", "algorithms", "presets", "cluster", "node", "generate", "calibrate"} <= names

@@ -704,6 +704,15 @@ def list_presets(
     out.print(t)
 
 
+def _register_runtime() -> None:
+    from slimcaching.cli_runtime import register
+
+    register(app)
+
+
+_register_runtime()
+
+
 def _usage_line(exc) -> str:
     """One line ``<field>: <message>`` for a command-line usage error (instead of a usage box)."""
     from typer._click.exceptions import BadParameter, NoSuchOption
