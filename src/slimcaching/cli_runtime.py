@@ -165,6 +165,18 @@ def _pick(cli, data: dict, key: str, flag: str):
     return str(v)
 
 
+def _from_cluster_file(cluster: Path, scenario, placement, model, model_name):
+    """(cluster data, scenario, placement, model dir, runtime context, node addresses); command-line
+    values win over the cluster file's."""
+    from slimcaching.runtime.cluster import load_context, read_cluster_file
+
+    data = _cluster_file(cluster)
+    sc, pl, md = (_pick(scenario, data, "scenario", "--scenario"), _pick(placement, data, "placement",
+                  "--placement"), _pick(model, data, "model", "--model"))
+    ctx = load_context(sc, pl, md, model_name or data.get("model_name"))
+    return data, sc, pl, md, ctx, read_cluster_file(cluster, ctx.layout.nodes)
+
+
 def node_cmd(
     name: Annotated[str, typer.Argument(help="Node to run: an edge server's name or 'cloud'.")],
     cluster: Annotated[Path, typer.Option("--cluster", help="Cluster file: nodes -> host:port (+ scenario, "
@@ -186,13 +198,8 @@ def node_cmd(
 ) -> None:
     """Run one node (edge server or cloud) of a cluster described by a cluster file."""
     from slimcaching.runtime import node as node_mod
-    from slimcaching.runtime.cluster import load_context, read_cluster_file
 
-    data = _cluster_file(cluster)
-    sc, pl, md = (_pick(scenario, data, "scenario", "--scenario"), _pick(placement, data, "placement",
-                  "--placement"), _pick(model, data, "model", "--model"))
-    ctx = load_context(sc, pl, md, model_name or data.get("model_name"))
-    addrs = read_cluster_file(cluster, ctx.layout.nodes)
+    data, sc, pl, md, ctx, addrs = _from_cluster_file(cluster, scenario, placement, model, model_name)
     if name not in addrs:
         raise ScenarioError("node", f"not a node of the scenario ({', '.join(ctx.layout.nodes)})", name)
     host, port = addrs[name].removeprefix("tcp://").rsplit(":", 1)
@@ -233,15 +240,10 @@ def generate_cmd(
     """Be one user's device against a running cluster: generate and print the text."""
     from transformers import AutoTokenizer
 
-    from slimcaching.runtime.cluster import load_context, read_cluster_file
     from slimcaching.runtime.device import ClusterError
     from slimcaching.runtime.session import RunOptions, _report, device_session
 
-    data = _cluster_file(cluster)
-    sc, pl, md = (_pick(scenario, data, "scenario", "--scenario"), _pick(placement, data, "placement",
-                  "--placement"), _pick(model, data, "model", "--model"))
-    ctx = load_context(sc, pl, md, model_name or data.get("model_name"))
-    addrs = read_cluster_file(cluster, ctx.layout.nodes)
+    data, sc, pl, md, ctx, addrs = _from_cluster_file(cluster, scenario, placement, model, model_name)
     if user not in ctx.layout.homes:
         raise ScenarioError("--user", "unknown user", user)
     texts = _prompts(prompts, prompt)

@@ -77,7 +77,7 @@ class Sub:
 class NodeServer:
     def __init__(self, name: str, layout: Layout, experts: dict, *, emulate: bool = True, pace: bool = False,
                  deadline_factor: float = 3.0, deadline_floor_s: float = 0.25, retry_after_s: float = 2.0,
-                 dtype_tag: str | None = None, log=None):
+                 log=None):
         self.name = name
         self.layout = layout
         self.experts = experts  # (layer, expert) -> one-expert module
@@ -86,7 +86,6 @@ class NodeServer:
         self.deadline_factor = deadline_factor
         self.deadline_floor_s = deadline_floor_s
         self.retry_after_s = retry_after_s
-        self.dtype_tag = dtype_tag
         self.log = log or (lambda msg: print(f"node {name}: {msg}", file=sys.stderr, flush=True))
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
