@@ -547,16 +547,18 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
         if sin.local_policy == "explicit" and u.local_cache is None:
             raise ScenarioError(f"{where}.local_cache", "local_policy is 'explicit' but no cache given")
 
-    seen_groups: set[int] = set()
-    for i, u in enumerate(users):
-        # users of one group share their fields: check the first of each group and every listed user
-        key = id(u.workload)
-        if i >= len(sin.users) and key in seen_groups:
-            continue
-        seen_groups.add(key)
+    for i, u in enumerate(users[:len(sin.users)]):
         col.run(check_user, i, u)
-        if len(col.errors) >= 100:
-            break
+    # the users of one group share every field but name and home: check its first user, then its homes
+    start = len(sin.users)
+    for gi, g in enumerate(sin.user_groups):
+        if start < len(users):
+            col.run(check_user, start, users[start])
+            homes = [s.name for s in servers] if g.homes == "all" else list(g.homes)
+            for h in homes[1:]:
+                if h not in snames:
+                    col.errors.append(ScenarioError(f"user_groups[{gi}].homes", "unknown home server", h))
+        start += g.count if (g.homes == "all" and servers) or (g.homes != "all" and g.homes) else 0
     col.raise_if_any()
     sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth), servers, links, users,
                   profiles, sin.local_policy, sin.name)
