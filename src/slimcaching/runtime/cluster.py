@@ -13,7 +13,6 @@ Every node and device reads the same scenario and placement and builds the same
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +115,3 @@ def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:
         raise ScenarioError("cluster.nodes", f"no address for node {missing[0]!r}")
     return out
 
-
-def dumps_addresses(addresses: dict[str, str]) -> str:
-    return json.dumps(addresses, sort_keys=True)
