@@ -134,3 +134,20 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
 
 def placement_sets(problem, x) -> dict[str, set]:
     return {s: {problem.item_key(i) for i in np.nonzero(x[n])[0]} for n, s in enumerate(problem.server_names)}
+
+
+def brute_force(problem):
+    """Optimal placement by enumerating every feasible placement (tiny instances only)."""
+    per_server = []
+    for n in range(problem.n_servers):
+        opts = []
+        for mask in itertools.product([False, True], repeat=problem.n_items):
+            m = np.array(mask)
+            if m @ problem.item_size <= problem.capacity[n] + 1e-6:
+                opts.append(m)
+        per_server.append(opts)
+    best = np.inf
+    for combo in itertools.product(*per_server):
+        x = np.array(combo)
+        best = min(best, problem.objective(x))
+    return best

@@ -235,7 +235,10 @@ def cases() -> list[Case]:
                                                  "-o", "{d}/o.json"], {"p.txt": "hello\n"}, needle="not found"))
     # ---- honest summaries (requirement 8) -------------------------------------------------------------
     C.append(Case("summary/exact-no-incumbent", ["solve", "default", "-a", "exact", "--time-limit", "0.01",
-                                                 "-o", "{d}/x.json"], {}, needle="time limit", timeout=120))
+                                                 "-p", "warm_start=false", "-o", "{d}/x.json"], {},
+                  needle="time limit", timeout=120))
+    C.append(Case("args/bound-time-limit", ["solve", "default", "--bound", "--bound-time-limit", "-1"], {},
+                  needle="--bound-time-limit"))
     # ---- every numeric field with values that are wrong for it ----------------------------------------
     fields = ([f"models__0__{f}" for f in ("layers", "experts", "top_k", "expert_bytes", "expert_flops",
                                            "hidden_bytes", "dense_bytes", "dense_flops")]

@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from helpers import placement_sets, reference_latency, tiny_scenario_dict
+from helpers import brute_force, placement_sets, reference_latency, tiny_scenario_dict
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
 from slimcaching.algorithms._tables import knapsack, maxplus_merge, value_table
 from slimcaching.algorithms.slimcaching import server_groups, solve_server
@@ -112,23 +114,6 @@ def test_unknown_parameter_is_rejected():
 # ---- exactness
 
 
-def brute_force(problem):
-    """Optimal placement by enumerating every feasible placement (tiny instances only)."""
-    per_server = []
-    for n in range(problem.n_servers):
-        opts = []
-        for mask in itertools.product([False, True], repeat=problem.n_items):
-            m = np.array(mask)
-            if m @ problem.item_size <= problem.capacity[n] + 1e-6:
-                opts.append(m)
-        per_server.append(opts)
-    best = np.inf
-    for combo in itertools.product(*per_server):
-        x = np.array(combo)
-        best = min(best, problem.objective(x))
-    return best
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_exact_equals_brute_force(seed):
     problem = _problem(seed=seed, servers=2, users=3, experts=3, top_k=2, layers=2, models=1,
@@ -190,15 +175,16 @@ def test_group_tables_exact_against_subsets():
 
 
 def test_row_groups_agree_with_pattern_tables(monkeypatch):
-    """Large-K groups are kept as rows; on small K both representations give the same values, and
-    the row greedy's table is a feasible lower bound of the exact one."""
-    import slimcaching.algorithms.slimcaching as sc_mod
+    """Large-K groups are kept as rows; on small K both representations give the same values, the
+    zeta transform makes both tables exact, and the row greedy (no exact budget) is a feasible
+    lower bound of the exact table."""
+    import slimcaching.algorithms._decomposition as dec_mod
 
     problem = _problem(seed=12, servers=2, users=6, experts=6, top_k=3, layers=2, models=1, capacity_experts=6)
     x = problem.empty_placement()
     tables = list(server_groups(problem, x, 0))
-    monkeypatch.setattr(sc_mod, "ROW_GROUP_MIN_K", 0)
-    rows = list(sc_mod.server_groups(problem, x, 0))
+    monkeypatch.setattr(dec_mod, "ROW_GROUP_MIN_K", 0)
+    rows = list(server_groups(problem, x, 0))
     assert len(rows) == len(tables)
     rng = np.random.default_rng(0)
     for (_, _, tg), (_, _, rg) in zip(tables, rows):
@@ -206,12 +192,32 @@ def test_row_groups_agree_with_pattern_tables(monkeypatch):
         masks = rng.random((20, tg.n_candidates)) < 0.5
         assert np.allclose(tg.values(masks), rg.values(masks), rtol=1e-12, atol=1e-18)
         exact = value_table(tg, tg.n_candidates, 1e12)
-        approx = value_table(rg, rg.n_candidates, 1e12)
-        assert approx.method == "row-greedy+completions"
+        exact_rows = value_table(rg, rg.n_candidates, 1e12)
+        assert exact.exact and exact_rows.exact
+        assert np.allclose(exact.values, exact_rows.values, rtol=1e-12, atol=1e-18)
+        approx = value_table(rg, rg.n_candidates, 0.0)
+        assert approx.method == "row-greedy+completions" and not approx.exact
         assert np.all(approx.values <= exact.values + 1e-15)
         for k, chosen in enumerate(approx.choice):
             m = np.isin(rg.experts, chosen)
             assert rg.values(m[None, :])[0] == pytest.approx(approx.values[k], rel=1e-9, abs=1e-18)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_zeta_subset_values_match_direct_sums(seed):
+    """The Moebius/zeta transform gives every subset's value as the direct sum over rows does."""
+    from slimcaching.algorithms._tables import GroupProblem, subset_values
+
+    rng = np.random.default_rng(seed)
+    e, k, t = int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 12))
+    keys = np.stack([rng.choice(e + 1, size=k, replace=False) if e + 1 >= k else np.full(k, e)
+                     for _ in range(t)])  # e: not a candidate at that position
+    gains = rng.normal(size=(t, 2**k))
+    gp = GroupProblem(np.arange(e), keys, gains)
+    masks = ((np.arange(2**e)[:, None] >> np.arange(e)[None, :]) & 1).astype(bool)
+    direct = gp.values(masks)
+    assert np.allclose(subset_values(gp), direct, rtol=1e-9, atol=1e-9)
 
 
 def test_maxplus_merge_matches_brute_force():

@@ -106,6 +106,48 @@ def export(scenario: ScenarioArg = "default",
     console.print(f"wrote {output}")
 
 
+def _solve_summary(spec, placement, latency: float, params: dict) -> str:
+    """One line: the latency, and for exact its status, bound and gap (never a non-solution)."""
+    summary = f"{spec.name}: mean token latency {latency * 1e3:.3f} ms"
+    if spec.name != "exact":
+        return summary
+    info = placement.info
+    bound = info.get("bound_s")
+    btxt = f"lower bound {bound * 1e3:.3f} ms" if bound is not None else "no lower bound yet"
+    limit = params.get("time_limit", spec.defaults["time_limit"])
+    status = info.get("status")
+    reached = f"time limit of {limit:g} s reached" if status == "time_limit" else f"status {status}"
+    if params.get("relax"):
+        if bound is None:
+            raise ScenarioError("exact", f"LP relaxation not solved ({status}) within {limit:g} s; nothing written")
+        return f"exact (LP relaxation, {status}): {btxt} on the optimal mean token latency"
+    if "objective_s" not in info:
+        raise ScenarioError("exact", f"{reached} with no feasible placement ({btxt}); nothing written")
+    if info.get("optimal"):
+        return f"exact (optimal): mean token latency {latency * 1e3:.3f} ms"
+    gap = info.get("gap")
+    gtxt = f", gap {gap * 100:.3f}%" if gap is not None else ""
+    return (f"exact ({reached}; best found, not proven optimal): mean token latency {latency * 1e3:.3f} ms, "
+            f"{btxt}{gtxt}")
+
+
+def _certify(problem, placement, latency: float, time_limit: float) -> str:
+    """Add lower_bound_s / gap / bound_method to the placement; the summary's tail."""
+    from slimcaching.bounds import gap, lower_bound
+
+    with console.status("proving a lower bound (LP relaxation) ..."):
+        cert = lower_bound(problem, time_limit)
+    lb = cert["lower_bound_s"]
+    own = placement.info.get("bound_s") if placement.info.get("status") else None
+    if own is not None and own > lb:  # exact's own MILP bound is stronger
+        lb, cert["bound_method"] = own, "MILP branch and bound (HiGHS)"
+    lb = min(lb, latency)
+    placement.info.update(lower_bound_s=lb, gap=gap(latency, lb), bound_method=cert["bound_method"],
+                          bound_seconds=cert["bound_seconds"])
+    return (f"; within {gap(latency, lb) * 100:.3f}% of optimal (lower bound {lb * 1e3:.3f} ms: "
+            f"{cert['bound_method']})")
+
+
 @app.command("solve")
 def solve_cmd(
     scenario: ScenarioArg = "default",
@@ -116,6 +158,10 @@ def solve_cmd(
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
+    bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the optimal latency (LP "
+                                        "relaxation) and report how near optimal the placement is.")] = False,
+    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for the LP of --bound; "
+                                                    "past it a weaker bound is used.")] = 600.0,
 ) -> None:
     """Compute a placement with one algorithm and write it as JSON."""
     from slimcaching.algorithms import get_algorithm, solve
@@ -133,6 +179,8 @@ def solve_cmd(
         if "random_state" not in spec.defaults:
             raise ScenarioError("--seed", f"{spec.name} draws nothing at random (only random)", seed)
         params["random_state"] = seed
+    if not (bound_time_limit > 0 and bound_time_limit < float("inf")):
+        raise ScenarioError("--bound-time-limit", "must be a positive number of seconds", bound_time_limit)
     if output is not None:
         from slimcaching.fileio import check_target
 
@@ -151,27 +199,9 @@ def solve_cmd(
     from slimcaching.evaluation import placement_latency
 
     latency = placement_latency(problem, placement)
-    summary = f"{spec.name}: mean token latency {latency * 1e3:.3f} ms"
-    if spec.name == "exact":
-        info = placement.info
-        bound = info.get("bound_s")
-        btxt = f"lower bound {bound * 1e3:.3f} ms" if bound is not None else "no lower bound yet"
-        limit = params.get("time_limit", spec.defaults["time_limit"])
-        if params.get("relax"):
-            if bound is None:
-                raise ScenarioError("exact", f"LP relaxation not solved ({info.get('status')}) within {limit:g} s; "
-                                    "nothing written")
-            summary = f"exact (LP relaxation, {info.get('status')}): {btxt} on the optimal mean token latency"
-        elif "objective_s" not in info:
-            reached = "time limit reached" if info.get("status") == "time_limit" else f"status {info.get('status')}"
-            raise ScenarioError("exact", f"{reached} after {limit:g} s with no feasible placement ({btxt}); "
-                                "nothing written")
-        elif info.get("optimal"):
-            summary = f"exact (optimal): mean token latency {latency * 1e3:.3f} ms"
-        else:
-            reached = "time limit reached" if info.get("status") == "time_limit" else f"status {info.get('status')}"
-            summary = (f"exact ({reached}; best found, not proven optimal): mean token latency {latency * 1e3:.3f} "
-                       f"ms, {btxt}")
+    summary = _solve_summary(spec, placement, latency, params)
+    if bound:
+        summary += _certify(problem, placement, latency, bound_time_limit)
     data = placement.to_dict(problem, latency)
     if output is None:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")

@@ -78,6 +78,10 @@ class PlacementIn(BaseModel):
     gap: _Finite | None = None
     optimal: StrictBool | None = None
     note: StrictStr | None = None
+    warm_start_s: _Finite | None = None
+    lower_bound_s: _Finite | None = None
+    bound_method: StrictStr | None = None
+    bound_seconds: Annotated[_Finite, Field(ge=0)] | None = None
     u_shaped: dict[StrictStr, Any] | None = None
 
 
@@ -140,7 +144,7 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
 
 
 _INFO_KEYS = {"status", "message", "variables", "constraints", "bound_s", "lp_bound_s", "objective_s", "gap",
-              "optimal", "note", "u_shaped"}
+              "optimal", "note", "u_shaped", "warm_start_s", "lower_bound_s", "bound_method", "bound_seconds"}
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:

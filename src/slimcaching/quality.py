@@ -17,17 +17,24 @@ from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_scenario
 
 
-def random_instance(seed: int, top_k: int, models: int | None = None) -> dict:
-    """A small random scenario: 2-3 servers, 1-2 models, E=4-6 experts, 2-3 layers, 3-8 users."""
+def random_instance(seed: int, top_k: int, models: int | None = None, large_k: bool = False) -> dict:
+    """A small random scenario: 2-3 servers, 1-2 models, E=4-6 experts, 2-3 layers, 3-8 users.
+
+    ``large_k``: the K=4..8 family: 2-3 models with E = K+2..K+5 experts (model 0 has K = top_k,
+    the others K-1 and K-2, at least 1), 2 layers, 2-3 servers."""
     rng = np.random.default_rng(seed)
     servers = int(rng.integers(2, 4))
-    n_models = int(rng.integers(1, 3))
+    n_models = int(rng.integers(2, 4)) if large_k else int(rng.integers(1, 3))
     models = models or n_models
-    experts = int(rng.integers(max(4, top_k + 1), 7))
-    layers = int(rng.integers(2, 4))
+    if large_k:
+        experts = int(rng.integers(top_k + 2, top_k + 6))
+        layers = 2
+    else:
+        experts = int(rng.integers(max(4, top_k + 1), 7))
+        layers = int(rng.integers(2, 4))
     mods, profiles = [], {}
     for mi in range(models):
-        k = top_k if mi == 0 else max(1, top_k - 1)
+        k = max(1, top_k - mi) if large_k else (top_k if mi == 0 else max(1, top_k - 1))
         mods.append({"name": f"m{mi}", "layers": layers, "experts": experts, "top_k": k,
                      "expert_bytes": float((1 + mi) * 1e6), "expert_flops": 1e9, "hidden_bytes": 4096.0,
                      "dense_bytes": 1e7, "dense_flops": 1e9})
@@ -58,12 +65,12 @@ def random_instance(seed: int, top_k: int, models: int | None = None) -> dict:
 
 
 def quality_table(algorithms: list[str], seeds: range, top_ks: tuple[int, ...] = (2, 3),
-                  time_limit: float = 60.0, models: int | None = None) -> dict:
+                  time_limit: float = 60.0, models: int | None = None, large_k: bool = False) -> dict:
     ratios: dict[str, list[float]] = {a: [] for a in algorithms}
     skipped = 0
     for k in top_ks:
         for s in seeds:
-            problem = build_problem(resolve_scenario(random_instance(s * 10 + k, k, models)))
+            problem = build_problem(resolve_scenario(random_instance(s * 10 + k, k, models, large_k)))
             opt = solve(problem, "exact", {"time_limit": time_limit})
             if not opt.info.get("optimal"):
                 skipped += 1

@@ -65,6 +65,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 # Declared type and range of every algorithm parameter: (type, lowest, highest, lowest allowed?).
 PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "passes": (int, 1, 1000, True),
+    "polish": (float, 0, 1e15, True),
     "exact_budget": (float, 0, 1e12, False),
     "beam_width": (int, 1, 10_000, True),
     "max_units": (int, 1, 10_000_000, True),
@@ -74,6 +75,7 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "time_limit": (float, 0, 1e7, False),
     "mip_rel_gap": (float, 0, 1, True),
     "relax": (bool, None, None, True),
+    "warm_start": (bool, None, None, True),
     "order": (str, None, None, True),
 }
 

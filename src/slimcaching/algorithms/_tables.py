@@ -205,24 +205,124 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
                 completions: int = 32, beam_budget: float = 3e8) -> ValueTable:
     """V(k) for k = 0..kmax.
 
-    Exact by enumeration when 2^E' * T * K <= ``exact_budget``; otherwise a beam search of width
-    ``beam_width`` when its estimated work kmax * width * (E' + completions) * T * K is at most
-    ``beam_budget`` (and width > 1); otherwise an incremental greedy with set completions. Only the
-    exact tables are labelled exact."""
+    Exact by a Moebius/zeta transform over all 2^E' subsets (:func:`subset_values`) when
+    E' <= MAX_ZETA_CANDIDATES and its work (:func:`zeta_work`) is at most ``exact_budget``;
+    otherwise a beam search of width ``beam_width`` when its estimated work
+    kmax * width * (E' + completions) * T * K is at most ``beam_budget`` (and width > 1);
+    otherwise an incremental greedy with set completions (on rows for large K). Only the exact
+    tables are labelled exact."""
     e = group.n_candidates
     kmax = min(kmax, e)
     if e == 0 or kmax == 0:
         return ValueTable(np.zeros(1), [np.zeros(0, np.int64)], True)
+    if e <= MAX_ZETA_CANDIDATES and zeta_work(group) <= exact_budget:
+        return _zeta_table(group, kmax)
     if isinstance(group, RowGroup):
         return _row_greedy_table(group, kmax, min(completions, 8))
     t, k = group.keys.shape
-    work = (2.0**e) * t * k
-    if e <= 24 and work <= exact_budget:
-        return _exact_table(group, kmax)
     beam_work = float(kmax) * beam_width * (e + completions) * t * k
     if beam_width > 1 and beam_work <= beam_budget:
         return _beam_table(group, kmax, beam_width, completions)
     return _greedy_table(group, kmax, completions)
+
+
+MAX_ZETA_CANDIDATES = 22  # 2^22 subsets: 32 MB of float64 per table being built
+
+
+def zeta_work(group: GroupProblem | RowGroup) -> float:
+    """Elementary operations of :func:`subset_values`: the transform over 2^E' subsets plus the
+    per-row pattern tables (2^K each)."""
+    e = group.n_candidates
+    k = group.keys.shape[1] if isinstance(group, GroupProblem) else group.pos.shape[1]
+    rows = len(group.keys) if isinstance(group, GroupProblem) else len(group.pos)
+    return (2.0**e) * (e + 1) + rows * (2.0**k) * (k + 1)
+
+
+def _row_pattern_tables(group: RowGroup, rows: np.ndarray) -> np.ndarray:
+    """[len(rows), 2^K] latency reduction of each row for every pattern of its positions."""
+    k = group.pos.shape[1]
+    bits = pattern_bits(k)
+    cand = group.pos[rows] < group.n_candidates
+    rc, v = group.rc[rows], group.v[rows]
+    worst = np.full((len(rows), len(bits)), -np.inf)
+    for j in range(k):
+        worst = np.maximum(worst, np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None]))
+    local, access = group.local[rows], group.access[rows]
+    old = np.maximum(local, access + rc.max(axis=1))
+    return group.w[rows, None] * (old[:, None] - np.maximum(local[:, None], access[:, None] + worst))
+
+
+def _moebius_coefficients(keys: np.ndarray, gains: np.ndarray, e: int) -> np.ndarray:
+    """Sum over rows of the Moebius transform of each row's pattern table, indexed by the subset
+    of candidate experts (an integer mask over E' bits) that each pattern stands for."""
+    t, k = keys.shape
+    valid = (keys >= 0) & (keys < e)
+    pats = np.arange(2**k)
+    vmask = (valid * (1 << np.arange(k))[None, :]).sum(axis=1)
+    # patterns over non-candidate positions never occur: a row's value depends on its candidates only
+    g = gains[np.arange(t)[:, None], pats[None, :] & vmask[:, None]]
+    for j in range(k):
+        hi = pats[(pats >> j) & 1 == 1]
+        g[:, hi] -= g[:, hi ^ (1 << j)]
+    bit = np.where(valid, np.left_shift(1, np.where(valid, keys, 0)), 0).astype(np.int64)  # [T, K]
+    emask = np.zeros((t, 2**k), np.int64)
+    for j in range(k):
+        emask |= np.where((pats >> j) & 1 == 1, bit[:, j, None], 0)
+    return np.bincount(emask.ravel(), weights=g.ravel(), minlength=2**e)
+
+
+def subset_values(group: GroupProblem | RowGroup, chunk_rows: int = 1 << 15) -> np.ndarray:
+    """Value of every subset of the group's candidates: ``out[mask]`` for the integer mask over E'.
+
+    The value of Y is sum_rows f_row(Y & row's candidates). Writing each row's pattern table in its
+    Moebius form f_row(P) = sum_{Q <= P} m_row(Q) turns the sum into sum_{S <= Y} c(S) over subsets
+    S of experts, whose zeta (subset-sum) transform gives all 2^E' values in O(E' 2^E') after
+    O(rows 2^K K) to collect c. References: Yates (1937); Bjorklund et al., "Fourier meets Moebius:
+    fast subset convolution", STOC 2007."""
+    e = group.n_candidates
+    if isinstance(group, GroupProblem):
+        c = _moebius_coefficients(group.keys, group.gains, e)
+    else:
+        c = np.zeros(2**e)
+        for a in range(0, len(group.pos), chunk_rows):
+            rows = np.arange(a, min(len(group.pos), a + chunk_rows))
+            c += _moebius_coefficients(group.pos[rows], _row_pattern_tables(group, rows), e)
+    for j in range(e):
+        v = c.reshape(-1, 2, 1 << j)
+        v[:, 1, :] += v[:, 0, :]
+    return c
+
+
+_BY_SIZE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def subsets_by_size(e: int) -> tuple[np.ndarray, np.ndarray]:
+    """All integer masks over e bits ordered by popcount, and the start of each popcount (cached)."""
+    if e not in _BY_SIZE:
+        q = np.arange(2**e, dtype=np.uint32)
+        pc = np.zeros(2**e, np.uint8)
+        for j in range(e):
+            pc += ((q >> j) & 1).astype(np.uint8)
+        order = np.argsort(pc, kind="stable").astype(np.uint32)
+        starts = np.searchsorted(pc[order], np.arange(e + 2))
+        _BY_SIZE[e] = (order, starts)
+    return _BY_SIZE[e]
+
+
+def _zeta_table(group: GroupProblem | RowGroup, kmax: int) -> ValueTable:
+    e = group.n_candidates
+    vals = subset_values(group)
+    order, starts = subsets_by_size(e)
+    best = np.full(kmax + 1, -np.inf)
+    masks: list = [None] * (kmax + 1)
+    best[0], masks[0] = 0.0, np.zeros(e, bool)
+    shifts = np.arange(e)
+    for k in range(1, kmax + 1):
+        seg = order[starts[k]:starts[k + 1]]
+        j = int(np.argmax(vals[seg]))
+        best[k] = vals[seg[j]]
+        masks[k] = ((int(seg[j]) >> shifts) & 1).astype(bool)
+    return _finish(best, masks, group, True)
 
 
 def _greedy_table(group: GroupProblem, kmax: int, completions: int) -> ValueTable:
@@ -285,29 +385,6 @@ def _finish(best: np.ndarray, masks: list, group: GroupProblem, exact: bool, met
         values[k] = cur_v
         choice.append(group.experts[np.nonzero(cur_m)[0]])
     return ValueTable(values, choice, exact, method)
-
-
-def _exact_table(group: GroupProblem, kmax: int) -> ValueTable:
-    e = group.n_candidates
-    best = np.full(kmax + 1, -np.inf)
-    best[0] = 0.0
-    masks: list = [np.zeros(e, bool)] + [None] * kmax
-    chunk = max(1, min(2**e, int(4e6 // max(1, len(group.keys)))))
-    for start in range(0, 2**e, chunk):
-        q = np.arange(start, min(2**e, start + chunk))
-        bits = ((q[:, None] >> np.arange(e)[None, :]) & 1).astype(bool)
-        size = bits.sum(axis=1)
-        keep = size <= kmax
-        if not keep.any():
-            continue
-        q, bits, size = q[keep], bits[keep], size[keep]
-        vals = group.values(bits)
-        for k in np.unique(size):
-            sel = np.nonzero(size == k)[0]
-            j = sel[np.argmax(vals[sel])]
-            if vals[j] > best[k]:
-                best[k], masks[k] = vals[j], bits[j].copy()
-    return _finish(best, masks, group, True)
 
 
 def _dedupe(masks: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -385,28 +462,44 @@ def capacity_units(sizes: np.ndarray, capacity: float, max_units: int = 60000) -
 
 
 def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[float, list[int]]:
-    """max sum_g V_g(k_g) s.t. sum_g k_g w_g <= cap; V_g non-decreasing. Returns (value, k per group)."""
+    """max sum_g V_g(k_g) s.t. sum_g k_g w_g <= cap; V_g non-decreasing. Returns (value, k per group).
+
+    A DP over (group, capacity) for all groups but the longest table, which is placed last: as
+    its table is non-decreasing, its best count for a remaining capacity r is min(kmax, r // w),
+    one vector operation instead of kmax (exact).
+
+    Complexity: O(sum_{g != last} |V_g| * cap)."""
+    ng = len(tables)
+    if ng == 0:
+        return 0.0, []
+    last = max(range(ng), key=lambda g: (len(tables[g]) if int(weights[g]) > 0 else -1, -g))
+    order = [g for g in range(ng) if g != last]
     best = np.zeros(cap + 1)
     choices = []
-    for tab, w in zip(tables, weights):
+    for g in order:
+        tab, w = tables[g], int(weights[g])
         new = best.copy()
         ch = np.zeros(cap + 1, np.int32)
         for k in range(1, len(tab)):
-            shift = k * int(w)
+            shift = k * w
             if shift > cap:
                 break
-            cand = np.full(cap + 1, -np.inf)
-            cand[shift:] = best[: cap + 1 - shift] + tab[k]
-            better = cand > new + 1e-18
-            new = np.where(better, cand, new)
-            ch = np.where(better, k, ch)
+            cand = best[: cap + 1 - shift] + tab[k]
+            better = cand > new[shift:] + 1e-18
+            new[shift:] = np.where(better, cand, new[shift:])
+            ch[shift:] = np.where(better, k, ch[shift:])
         best = new
         choices.append(ch)
-    c = int(np.argmax(best))
-    value = float(best[c])
-    ks = [0] * len(tables)
-    for g in range(len(tables) - 1, -1, -1):
-        k = int(choices[g][c])
+    tab, w = tables[last], int(weights[last])
+    rem = cap - np.arange(cap + 1)  # capacity left for the last group after using c
+    k_last = np.minimum(len(tab) - 1, rem // w) if w > 0 else np.full(cap + 1, len(tab) - 1)
+    total = best + tab[k_last]
+    c = int(np.argmax(total))
+    value = float(total[c])
+    ks = [0] * ng
+    ks[last] = int(k_last[c])
+    for g, ch in zip(reversed(order), reversed(choices)):
+        k = int(ch[c])
         ks[g] = k
         c -= k * int(weights[g])
     return value, ks
@@ -446,16 +539,15 @@ def maxplus_merge(tables: list[np.ndarray], limit: int) -> tuple[np.ndarray, lis
         arg = np.zeros(size, np.int32)
         for k in range(m):
             hi = min(n, size - k)
+            if hi <= 0:
+                break
             cand = merged[:hi] + t[k]
             seg = out[k:k + hi]
             better = cand > seg
             out[k:k + hi] = np.where(better, cand, seg)
             arg[k:k + hi] = np.where(better, k, arg[k:k + hi])
-        new_alloc = np.zeros((len(tables), size), np.int32)
-        for j in range(size):
-            k = arg[j]
-            new_alloc[:, j] = alloc[:, j - k]
-            new_alloc[i, j] = k
+        new_alloc = alloc[:, np.arange(size) - arg]
+        new_alloc[i] = arg
         merged, alloc = out, new_alloc
     # non-decreasing (fewer experts may be used than counted)
     for j in range(1, len(merged)):

@@ -31,19 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from slimcaching.algorithms import register
-from slimcaching.algorithms._tables import (
-    build_group,
-    build_row_group,
-    capacity_units,
-    knapsack,
-    maxplus_merge,
-    pattern_bits,
-    value_table,
-)
+from slimcaching.algorithms._decomposition import Decomposition
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
-
-ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (greedy tables)
 
 
 def server_order(problem: Problem, order: str | list | None) -> list[int]:
@@ -69,148 +59,210 @@ def server_order(problem: Problem, order: str | list | None) -> list[int]:
 
 
 def server_groups(problem: Problem, x: np.ndarray, n: int):
-    """Group problems of server n with the other servers' caches fixed as in ``x`` (x[n] ignored).
-
-    Yields (model index, layer, group): pattern tables for models with K <= ROW_GROUP_MIN_K,
-    otherwise the rows themselves (2^K tables would be too large)."""
-    y = x.copy()
-    y[n] = False
-    r = problem.remote_cost(y)
-    v_all = problem.holder_cost[problem.row_home, n, problem.row_model]  # [R]
-    rc_all = r[problem.row_home[:, None], problem.row_items]  # [R, Kmax], -inf at the sentinel
-    cand_all = rc_all > v_all[:, None]
-    active = np.nonzero(cand_all.any(axis=1))[0]
-    if len(active) == 0:
-        return
-    models = problem.row_model[active]
-    for m in np.unique(models):
-        sel_m = active[models == m]
-        k = problem.scenario.models[m].top_k
-        rc, cand, v = rc_all[sel_m, :k], cand_all[sel_m, :k], v_all[sel_m]
-        local, access, w = problem.row_local[sel_m], problem.row_access[sel_m], problem.row_weight[sel_m]
-        items = problem.row_items[sel_m, :k]
-        layer = problem.row_layer[sel_m]
-        order = np.argsort(layer, kind="stable")
-        ls = layer[order]
-        bounds = np.concatenate([[0], np.nonzero(np.diff(ls))[0] + 1, [len(order)]])
-        if k > ROW_GROUP_MIN_K:
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                sel = order[a:b]
-                yield int(m), int(ls[a]), build_row_group(items[sel], cand[sel], rc[sel], v[sel], local[sel],
-                                                          access[sel], w[sel])
-            continue
-        bits = pattern_bits(k)  # [P, K]
-        old = np.maximum(local, access + rc.max(axis=1))
-        worst = np.full((len(sel_m), len(bits)), -np.inf)
-        for j in range(k):
-            val = np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None])
-            worst = np.maximum(worst, val)
-        new = np.maximum(local[:, None], access[:, None] + worst)
-        tables = w[:, None] * (old[:, None] - new)
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            sel = order[a:b]
-            yield int(m), int(ls[a]), build_group(items[sel], cand[sel], tables[sel])
+    """Group problems of server n with the other servers' caches fixed as in ``x`` (x[n] ignored):
+    yields (model index, layer, group) for every (model, layer) where n's cache can gain."""
+    dec = Decomposition(problem, x)
+    for g in range(len(dec.g_start)):
+        gp = dec.group_problem(g, n)
+        if gp is not None:
+            yield int(dec.g_model[g]), int(dec.g_layer[g]), gp
 
 
 def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budget: float,
-                 beam_width: int, max_units: int, stats: dict) -> np.ndarray:
+                 beam_width: int, max_units: int, stats: dict | None = None) -> np.ndarray:
     """Best cache for server n (others fixed as in x): bool [I]."""
-    groups = list(server_groups(problem, x, n))
-    chosen = np.zeros(problem.n_items, bool)
-    if not groups:
-        return chosen
-    sizes = problem.item_size[problem.model_offset[[m for m, _, _ in groups]]]
-    cap = problem.capacity[n]
-    tables = []
-    for (m, _layer, gp), s in zip(groups, sizes):
-        kmax = int(min(problem.scenario.models[m].experts, np.floor(cap / s + 1e-9)))
-        vt = value_table(gp, kmax, exact_budget, beam_width=beam_width, completions=32 if not fast else 8)
-        methods = stats.setdefault("methods", {})
-        methods[_method(vt, beam_width)] = methods.get(_method(vt, beam_width), 0) + 1
-        tables.append(vt)
-        stats["groups"] += 1
-        stats["exact_groups"] += int(vt.exact)
-    units, cap_units, exact_units = capacity_units(sizes, cap, max_units)
-    stats["exact_units"] = stats["exact_units"] and exact_units
-    if not fast:
-        _, ks = knapsack([t.values for t in tables], units, cap_units)
-    else:
-        ks = [0] * len(groups)
-        classes: dict[int, list[int]] = {}
-        for gi, u in enumerate(units):
-            classes.setdefault(int(u), []).append(gi)
-        merged, allocs, class_units = [], [], []
-        for u, members in classes.items():
-            limit = cap_units // u if u > 0 else 0
-            w, alloc = maxplus_merge([tables[g].values for g in members], limit)
-            merged.append(w)
-            allocs.append(alloc)
-            class_units.append(u)
-        _, js = knapsack(merged, np.array(class_units), cap_units)
-        for ci, members in enumerate(classes.values()):
-            j = js[ci]
-            for t, g in enumerate(members):
-                ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
-    for gi, k in enumerate(ks):
-        if k:
-            chosen[tables[gi].choice[k]] = True
+    dec = Decomposition(problem, x)
+    chosen, *_ = dec.best_response(n, fast, exact_budget, beam_width, max_units)
+    if stats is not None:
+        for k in ("groups", "exact_groups"):
+            stats[k] = stats.get(k, 0) + dec.stats[k]
+        stats["exact_units"] = stats.get("exact_units", True) and dec.stats["exact_units"]
     return chosen
 
 
-def _method(vt, beam_width: int) -> str:
-    return "exact" if vt.exact else vt.method
+def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float, beam_width: int,
+            max_units: int, passes: int) -> int:
+    """Best responses in ``seq`` order until a sweep changes no cache (at most ``passes`` sweeps).
+
+    A server's new cache replaces its current one only if its reduction (on the same tables) is
+    strictly larger, so the objective never increases and ties cannot cycle. Returns the number
+    of sweeps run, negative if the last one still changed a cache."""
+    for p in range(1, max(1, passes) + 1):
+        changed = False
+        for n in seq:
+            if not dec.dirty[n]:  # nothing its best response depends on changed since last time
+                continue
+            new, new_value, old_value, counts = dec.best_response(n, fast, exact_budget, beam_width, max_units)
+            if new_value > old_value + 1e-12 * max(abs(old_value), 1e-9) and not np.array_equal(new, dec.x[n]):
+                dec.set_cache(n, new, counts)
+                changed = True
+        if not changed:
+            return p
+    return -passes
+
+
+def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
+    """The large neighbourhood of the polish, per server: forbid its whole cache, each model it
+    caches, each (model, layer) it caches, each cached expert; then force each expert it does
+    not cache (most popular first). Yields (server, "forbid" | "force", items)."""
+    experts = np.array([m.experts for m in problem.scenario.models], np.int64)
+    group_lo = problem.model_offset[problem.item_model] + problem.item_layer * experts[problem.item_model]
+    k = problem.row_items.shape[1]
+    popularity = np.bincount(problem.row_items.ravel(), weights=np.repeat(problem.row_weight, k),
+                             minlength=problem.n_items + 1)[:-1]
+    by_popularity = np.argsort(-popularity, kind="stable")
+    x = dec.x
+    for n in seq:
+        held = np.nonzero(x[n])[0]
+        if len(held):
+            yield n, "forbid", held
+    for n in seq:
+        held = np.nonzero(x[n])[0]
+        for m in np.unique(problem.item_model[held]):
+            yield n, "forbid", np.nonzero(problem.item_model == m)[0]
+    for n in seq:
+        held = np.nonzero(x[n])[0]
+        for lo in np.unique(group_lo[held]):
+            yield n, "forbid", np.arange(lo, lo + experts[problem.item_model[lo]])
+    for n in seq:
+        for i in np.nonzero(x[n])[0]:
+            yield n, "forbid", np.array([i])
+    for n in seq:
+        fits = problem.item_size <= problem.capacity[n]
+        for i in by_popularity:
+            if not x[n, i] and fits[i] and popularity[i] > 0:
+                yield n, "force", np.array([i])
+    # whole co-activation sets, heaviest first (rows of one set merged over homes)
+    sets = problem.row_items
+    order = np.argsort(-problem.row_weight, kind="stable")
+    seen: set = set()
+    for r in order[:256]:
+        key = tuple(sets[r][sets[r] < problem.n_items])
+        if len(key) < 2 or key in seen:
+            continue
+        seen.add(key)
+        items = np.array(key)
+        for n in seq:
+            if not x[n, items].all() and problem.item_size[items].sum() <= problem.capacity[n]:
+                yield n, "force", items
+
+
+def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float, sweep_work: float, fast: bool,
+            exact_budget: float, beam_width: int, max_units: int) -> dict:
+    """Large-neighbourhood local search on the true objective (beyond the paper).
+
+    A *kick* forbids some experts at one server (its whole cache, a model, a (model, layer), one
+    expert) or forces one expert there, lets that server and then all others best-respond with
+    the kick in place, lifts it and lets everyone best-respond again. The result is kept only if
+    the objective (evaluated exactly) went down; after an improvement the neighbourhood is
+    scanned again from the start. This moves experts between servers and completes
+    co-activation sets split across servers, which single-server best responses cannot.
+    Stops when no kick improves, or once its work (table and DP cells, ``dec.stats["work"]``)
+    would exceed ``budget`` (a kick is estimated at ``sweep_work``, the work of one sweep, until
+    kicks have been measured): deterministic, unlike a time limit."""
+    best = problem.objective(dec.x)
+    kicks = improvements = 0
+    start = dec.stats["work"]
+    per_kick = sweep_work  # estimate of a kick's work until kicks have been measured
+    exhausted = False
+    while not exhausted:
+        improved = False
+        for n, kind, items in _kicks(problem, dec, seq):
+            used = dec.stats["work"] - start
+            if kicks:
+                per_kick = used / kicks
+            if used + per_kick > budget:  # do not start a kick the budget cannot pay for
+                exhausted = True
+                break
+            kicks += 1
+            snap = dec.snapshot()
+            mask = problem.empty_placement()
+            mask[n, items] = True
+            if kind == "force":
+                dec.force = mask
+            else:
+                dec.forbid = mask
+            dec.drop_tables(n, items)
+            new, *_ = dec.best_response(n, fast, exact_budget, beam_width, max_units)
+            dec.set_cache(n, new, None)
+            dec.dirty[n] = False
+            _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
+            dec.force = dec.forbid = None
+            dec.drop_tables(n, items)
+            _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
+            obj = problem.objective(dec.x)
+            if obj < best * (1 - 1e-12):
+                best, improved = obj, True
+                improvements += 1
+                break
+            dec.restore(snap)
+        if not improved:
+            break
+    return {"kicks": kicks, "improvements": improvements,
+            "stopped": "work budget reached" if exhausted else "no improving kick (local optimum of the neighbourhood)"}
 
 
 def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
-                max_units: int) -> Placement:
-    x = problem.empty_placement()
-    stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}}
+                max_units: int, polish: float = 0.0) -> Placement:
+    """Sweeps over the servers until one changes no cache (at most ``passes``), then the polish.
+
+    With exact tables and an exact capacity grid each step is a best response, and a sweep
+    without change certifies a server-wise local optimum: no single server can lower the latency
+    by changing its cache."""
+    dec = Decomposition(problem)
     seq = server_order(problem, order)
-    history = []
-    for p in range(max(1, passes)):
-        for n in seq:
-            before = problem.objective(x) if p > 0 else None
-            old = x[n].copy()
-            x[n] = solve_server(problem, x, n, fast, exact_budget, beam_width, max_units, stats)
-            if p > 0 and problem.objective(x) > before:  # approximate tables may not improve: keep
-                x[n] = old
-        history.append(problem.objective(x))
-    params = {
-        "order": [problem.server_names[s] for s in seq],
-        "value_tables": ("exact (enumeration)" if stats["exact_groups"] == stats["groups"] else
+    sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes)
+    params = {"order": [problem.server_names[s] for s in seq], "passes_run": abs(sweeps),
+              "converged": sweeps > 0}
+    history = [problem.objective(dec.x)]
+    if polish > 0:
+        sweep_work = dec.stats["work"] / max(1, abs(sweeps))
+        params["polish"] = _polish(problem, dec, seq, polish, sweep_work, fast, exact_budget, beam_width, max_units)
+        history.append(problem.objective(dec.x))
+    stats = dec.stats
+    all_exact = stats["exact_groups"] == stats["groups"]
+    params.update({
+        "value_tables": ("exact (Moebius/zeta transform)" if all_exact else
                          f"exact for {stats['exact_groups']} of {stats['groups']} group tables; approximate "
                          "for the rest: " + ", ".join(f"{m} {c}" for m, c in sorted(stats["methods"].items())
                                                       if m != "exact")),
         "capacity_grid": "exact (gcd of sizes)" if stats["exact_units"] else f"rounded up, {max_units} units",
-        "objective_per_pass_s": history,
-    }
-    return Placement(x, params=params)
+        "objective_s": history,
+        "local_optimum": ("certified: no single server's cache change lowers the latency"
+                          if sweeps > 0 and all_exact and stats["exact_units"] else "not certified"),
+    })
+    return Placement(dec.x, params=params)
 
 
 @register("slimcaching", "successive greedy decomposition, per-server DP over (model, layer) groups")
-def slimcaching(problem: Problem, order: str = "rate", passes: int = 2, exact_budget: float = 4e6,
-                beam_width: int = 16, max_units: int = 60000) -> Placement:
-    """The paper's main algorithm (see module docstring).
+def slimcaching(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e8,
+                beam_width: int = 16, max_units: int = 60000, polish: float = 1e7) -> Placement:
+    """The paper's main algorithm (see module docstring), then a local search.
 
     Parameters
     ----------
     order : "rate" (descending home-user token rate), "index", or comma-separated server names.
-    passes : sweeps over the servers. Pass 1 is the paper's algorithm; later passes re-solve each
-        server given all others (a server's new cache is kept only if the objective does not get
-        worse). Default 2: beyond the paper, measured +0.7 points of the optimal reduction on
-        small instances (see the closing note of the algorithms issue).
-    exact_budget : enumeration work (2^E' * tables * K) below which a group table is exact.
+    passes : most sweeps over the servers; sweeps stop early once one changes no cache. Pass 1 is
+        the paper's algorithm (``passes=1``); later passes re-solve each server given all others
+        (beyond the paper: a server-wise local optimum, certified where all tables are exact).
+    exact_budget : work of the Moebius/zeta transform (about 2^E' (E'+1) + rows 2^K (K+1)) up to
+        which a group table is computed exactly; E' is at most 22 in any case.
     beam_width : beam width of the approximation used above that budget.
     max_units : capacity grid size when the exact gcd grid would be larger.
+    polish : work budget (table and DP cells) of the large-neighbourhood local search run after
+        the sweeps (beyond the paper; 0: none, which with ``passes=1`` is the paper's procedure).
+        The default finishes the search on small instances and stays within about the sweeps' own
+        time on the default scenario; raise it to search longer on large ones.
     """
-    return _successive(problem, False, order, passes, exact_budget, beam_width, max_units)
+    return _successive(problem, False, order, passes, exact_budget, beam_width, max_units, polish)
 
 
 @register("slimcaching-fast", "accelerated: max-plus convolution over equal-size groups, then size-class knapsack")
-def slimcaching_fast(problem: Problem, order: str = "rate", passes: int = 1, exact_budget: float = 2e5,
-                     max_units: int = 60000) -> Placement:
+def slimcaching_fast(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e5,
+                     max_units: int = 60000, polish: float = 2e6) -> Placement:
     """The paper's accelerated algorithm (see module docstring); beam width 1 above the budget.
 
     One sweep by default, as in the paper (``passes=2`` adds the refinement sweep of
     ``slimcaching``)."""
-    return _successive(problem, True, order, passes, exact_budget, 1, max_units)
+    return _successive(problem, True, order, passes, exact_budget, 1, max_units, polish)
+

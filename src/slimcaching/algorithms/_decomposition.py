@@ -1,0 +1,296 @@
+"""Incremental state of the per-server decomposition shared by ``slimcaching`` and its variants.
+
+The objective is a sum over (model, layer) *groups*: a row (co-activation set of a user class)
+belongs to exactly one group, and its latency depends only on the caches of that group's experts.
+So server n's best response is a knapsack over its group tables (:mod:`._tables`), and
+
+- a group table of server n depends only on the *other* servers' caches of that group's experts:
+  it is kept and recomputed only when one of them changed (a version per group);
+- only the rows whose home can reach n faster than the cloud can ever gain from n's cache
+  (static per server and model): the others are never touched;
+- remote costs without n come from each (home, expert)'s best and second-best holder, computed
+  per group when its version changes, instead of from the whole placement per server.
+
+Rows are those of :meth:`Problem.compact` (sorted by model, layer, home).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimcaching.algorithms._tables import (
+    ValueTable,
+    build_group,
+    build_row_group,
+    capacity_units,
+    knapsack,
+    maxplus_merge,
+    pattern_bits,
+    value_table,
+    zeta_work,
+)
+from slimcaching.problem import Problem
+
+ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (2^K tables too large)
+INF = np.inf
+
+
+@dataclass
+class _Entry:
+    version: int  # the group's version the table was computed at
+    table: ValueTable | None  # None: no row of the group can gain from this server
+    held_value: float  # reduction of the server's current cache of this group, on this table
+    inputs: np.ndarray | None = None  # remote costs without n for the homes n reaches: all the table depends on
+
+
+class Decomposition:
+    """Groups, reach and cached tables of a compact problem, for a placement that changes one
+    server at a time through :meth:`set_cache`."""
+
+    def __init__(self, problem: Problem, x: np.ndarray | None = None):
+        p = problem.compact()
+        self.problem = p
+        self.x = p.empty_placement() if x is None else x.copy()
+        ns = p.n_servers
+        maxl = int(p.row_layer.max()) + 1 if len(p.row_layer) else 1
+        key = p.row_model * maxl + p.row_layer
+        cut = np.nonzero(np.diff(key))[0] + 1
+        self.g_start = np.concatenate([[0], cut]).astype(np.int64)
+        self.g_end = np.concatenate([cut, [len(key)]]).astype(np.int64)
+        self.g_model = p.row_model[self.g_start]
+        self.g_layer = p.row_layer[self.g_start]
+        experts = np.array([m.experts for m in p.scenario.models], np.int64)
+        self.g_lo = p.model_offset[self.g_model] + self.g_layer * experts[self.g_model]
+        self.g_e = experts[self.g_model]
+        ng = len(self.g_start)
+        # rows of group g with home h: home_ptr[g, h] .. home_ptr[g, h + 1]
+        self.home_ptr = np.empty((ng, ns + 1), np.int64)
+        for g in range(ng):
+            a, b = self.g_start[g], self.g_end[g]
+            self.home_ptr[g] = a + np.searchsorted(p.row_home[a:b], np.arange(ns + 1))
+        # reach[n, h, m]: server n beats the cloud for home h and model m
+        self.reach = np.transpose(p.holder_cost, (1, 0, 2)) < p.cloud_cost[None, :, :]
+        self.version = np.zeros(ng, np.int64)
+        self._clock = 0  # versions are never reused, so cached entries stay valid across restores
+        self.force: np.ndarray | None = None  # [N, I] bool: items a server must keep (kicks)
+        self.forbid: np.ndarray | None = None  # [N, I] bool: items a server may not take (kicks)
+        self.dirty = np.ones(ns, bool)  # False: nothing n's best response depends on changed since
+        self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.entries: dict[tuple[int, int], _Entry] = {}
+        self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}, "recomputed": 0,
+                      "work": 0.0}
+
+    # ---- remote costs -----------------------------------------------------------------------
+    def _holders(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (home, expert of g): cost via the best holder, that holder, cost via the second best."""
+        hit = self._best.get(g)
+        if hit is not None and hit[0] == self.version[g]:
+            return hit[1:]
+        p = self.problem
+        lo, e, m = self.g_lo[g], self.g_e[g], self.g_model[g]
+        xs = self.x[:, lo:lo + e]  # [N, E]
+        cost = np.where(xs[None, :, :], p.holder_cost[:, :, m][:, :, None], INF)  # [H, N, E]
+        arg1 = cost.argmin(axis=1)  # [H, E]
+        best1 = np.take_along_axis(cost, arg1[:, None, :], axis=1)[:, 0, :]
+        np.put_along_axis(cost, arg1[:, None, :], INF, axis=1)
+        best2 = cost.min(axis=1)
+        self._best[g] = (int(self.version[g]), best1, arg1, best2)
+        return best1, arg1, best2
+
+    def remote_without(self, g: int, n: int) -> np.ndarray:
+        """[H, E + 1]: remote cost of each expert of g from each home with server n's cache
+        removed (cloud included); the last column is the -inf sentinel of absent positions."""
+        best1, arg1, best2 = self._holders(g)
+        m = self.g_model[g]
+        r = np.where(arg1 == n, best2, best1)
+        out = np.empty((r.shape[0], r.shape[1] + 1))
+        out[:, :-1] = np.minimum(r, self.problem.cloud_cost[:, m][:, None])
+        out[:, -1] = -INF
+        return out
+
+    # ---- one group of one server -------------------------------------------------------------
+    def rows_for(self, g: int, n: int) -> np.ndarray:
+        homes = np.nonzero(self.reach[n, :, self.g_model[g]])[0]
+        if len(homes) == 0:
+            return np.zeros(0, np.int64)
+        a, b = self.home_ptr[g, homes], self.home_ptr[g, homes + 1]
+        lens = b - a
+        if lens.sum() == 0:
+            return np.zeros(0, np.int64)
+        return np.repeat(a - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(lens.sum())
+
+    def group_problem(self, g: int, n: int):
+        """The group problem of server n for group g (others' caches as in ``x``), or None when no
+        row can gain from n."""
+        p = self.problem
+        rows = self.rows_for(g, n)
+        if len(rows) == 0:
+            return None
+        m = int(self.g_model[g])
+        k = p.scenario.models[m].top_k
+        lo, e = self.g_lo[g], self.g_e[g]
+        items = p.row_items[rows, :k]
+        local_idx = np.where(items < p.n_items, items - lo, e)
+        home = p.row_home[rows]
+        rc = self.remote_without(g, n)[home[:, None], local_idx]  # [R, K]
+        v = p.holder_cost[home, n, m]
+        if self.force is not None:  # forced items count as held by n already
+            forced = self.force[n, np.minimum(items, p.n_items - 1)] & (items < p.n_items)
+            rc = np.where(forced, np.minimum(rc, v[:, None]), rc)
+        cand = rc > v[:, None]
+        if self.force is not None:
+            cand &= ~forced
+        if self.forbid is not None:
+            cand &= ~self.forbid[n, np.minimum(items, p.n_items - 1)] | (items >= p.n_items)
+        act = cand.any(axis=1)
+        if not act.any():
+            return None
+        rows, rc, cand, v, items = rows[act], rc[act], cand[act], v[act], items[act]
+        local, access, w = p.row_local[rows], p.row_access[rows], p.row_weight[rows]
+        if k > ROW_GROUP_MIN_K:
+            return build_row_group(items, cand, rc, v, local, access, w)
+        bits = pattern_bits(k)
+        old = np.maximum(local, access + rc.max(axis=1))
+        worst = np.full((len(rows), len(bits)), -INF)
+        for j in range(k):
+            worst = np.maximum(worst, np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None]))
+        tables = w[:, None] * (old[:, None] - np.maximum(local[:, None], access[:, None] + worst))
+        return build_group(items, cand, tables)
+
+    # ---- best response -----------------------------------------------------------------------
+    def best_response(self, n: int, fast: bool, exact_budget: float, beam_width: int,
+                      max_units: int) -> tuple[np.ndarray, float, float, dict]:
+        """Best cache of server n given the others: (cache [I] bool, its reduction, the reduction
+        of the current cache, per-group chosen counts). Tables are recomputed only for groups
+        whose other-server caches changed since they were last computed."""
+        p = self.problem
+        cap = p.capacity[n]
+        if self.force is not None:
+            cap = cap - float(self.force[n] @ p.item_size)
+        self.dirty[n] = False
+        groups, tables, old_value = [], [], 0.0
+        for g in range(len(self.g_start)):
+            ent = self.entries.get((n, g))
+            inputs = None
+            if ent is not None and ent.version != self.version[g]:
+                # another server changed this group: the table is still valid if the remote costs
+                # seen from the homes n reaches did not change (a change far away often does not)
+                inputs = self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
+                if ent.inputs is not None and np.array_equal(inputs, ent.inputs):
+                    ent = _Entry(int(self.version[g]), ent.table, ent.held_value, ent.inputs)
+                    self.entries[(n, g)] = ent
+            if ent is None or ent.version != self.version[g]:
+                if inputs is None:
+                    inputs = self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
+                gp = self.group_problem(g, n)
+                table, held = None, 0.0
+                if gp is not None:
+                    m = int(self.g_model[g])
+                    size = p.item_size[self.g_lo[g]]
+                    kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
+                    table = value_table(gp, kmax, exact_budget, beam_width=beam_width,
+                                        completions=8 if fast else 32)
+                    self.stats["work"] += zeta_work(gp)
+                    method = "exact" if table.exact else table.method
+                    self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
+                    self.stats["groups"] += 1
+                    self.stats["exact_groups"] += int(table.exact)
+                    mask = self.x[n, gp.experts]
+                    held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
+                self.stats["recomputed"] += 1
+                ent = _Entry(int(self.version[g]), table, held, inputs)
+                self.entries[(n, g)] = ent
+            if ent.table is not None:
+                groups.append(g)
+                tables.append(ent.table)
+                old_value += ent.held_value
+        chosen = np.zeros(p.n_items, bool) if self.force is None else self.force[n].copy()
+        if not groups:
+            return chosen, 0.0, old_value, {}
+        sizes = p.item_size[self.g_lo[groups]]
+        units, cap_units, exact_units = capacity_units(sizes, cap, max_units)
+        self.stats["exact_units"] = self.stats["exact_units"] and exact_units
+        # equal-size groups merged by exact max-plus convolution, then a knapsack over size classes:
+        # the same optimum as the knapsack over groups, with far fewer DP cells
+        ks, cells = _fast_counts(tables, units, cap_units)
+        self.stats["work"] += cells
+        new_value, counts = 0.0, {}
+        for g, t, k in zip(groups, tables, ks):
+            counts[g] = k
+            if k:
+                chosen[t.choice[k]] = True
+                new_value += float(t.values[k])
+        return chosen, new_value, old_value, counts
+
+    def set_cache(self, n: int, cache: np.ndarray, counts: dict | None = None) -> None:
+        """Replace server n's cache: by a best response (``counts`` from :meth:`best_response`), or
+        by any cache (``counts=None``: n's tables of the groups that changed are dropped)."""
+        changed = np.nonzero(cache != self.x[n])[0]
+        self.x[n] = cache
+        if len(changed) == 0:
+            return
+        own = self.dirty[n]
+        self.dirty[:] = True
+        self.dirty[n] = own
+        for g in np.unique(self.group_of(changed)):
+            g = int(g)
+            ent = self.entries.get((n, g))
+            up_to_date = ent is not None and ent.version == self.version[g]
+            self._clock += 1
+            self.version[g] = self._clock
+            if counts is None:
+                self.entries.pop((n, g), None)
+            elif up_to_date:  # n's own table does not depend on n's cache: it stays valid
+                k = counts.get(g, 0)
+                self.entries[(n, g)] = _Entry(self._clock, ent.table, float(ent.table.values[k]) if k else 0.0,
+                                              ent.inputs)
+        if counts is not None:  # groups whose cache did not change keep their held values
+            for g, k in counts.items():
+                ent = self.entries.get((n, g))
+                if ent is not None and ent.version == self.version[g] and ent.table is not None:
+                    held = float(ent.table.values[k]) if k else 0.0
+                    if held != ent.held_value:
+                        self.entries[(n, g)] = _Entry(ent.version, ent.table, held, ent.inputs)
+
+    def group_of(self, items: np.ndarray) -> np.ndarray:
+        """Group index of each item; items of a (model, layer) no row uses are left out."""
+        g = np.searchsorted(self.g_lo, items, side="right") - 1
+        ok = (g >= 0) & (items < self.g_lo[np.maximum(g, 0)] + self.g_e[np.maximum(g, 0)])
+        return g[ok]
+
+    def drop_tables(self, n: int, items: np.ndarray) -> None:
+        """Forget n's tables of the groups of ``items`` (after changing ``forbid``/``force``)."""
+        for g in np.unique(self.group_of(np.asarray(items, np.int64))):
+            self.entries.pop((n, int(g)), None)
+        self.dirty[n] = True
+
+    def snapshot(self) -> tuple:
+        return self.x.copy(), self.version.copy(), self.dirty.copy(), dict(self.entries)
+
+    def restore(self, snap: tuple) -> None:
+        self.x, self.version, self.dirty, self.entries = snap[0].copy(), snap[1].copy(), snap[2].copy(), dict(snap[3])
+
+
+def _fast_counts(tables: list[ValueTable], units: np.ndarray, cap_units: int) -> tuple[list[int], float]:
+    """Merge equal-size groups by max-plus convolution (exact), then a knapsack over the size
+    classes; returns the count per group and the DP cells it filled (a work measure)."""
+    ks = [0] * len(tables)
+    classes: dict[int, list[int]] = {}
+    for gi, u in enumerate(units):
+        classes.setdefault(int(u), []).append(gi)
+    merged, allocs, class_units = [], [], []
+    for u, members in classes.items():
+        limit = cap_units // u if u > 0 else 0
+        w, alloc = maxplus_merge([tables[g].values for g in members], limit)
+        merged.append(w)
+        allocs.append(alloc)
+        class_units.append(u)
+    _, js = knapsack(merged, np.array(class_units), cap_units)
+    for ci, members in enumerate(classes.values()):
+        j = js[ci]
+        for t, g in enumerate(members):
+            ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
+    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t.values) ** 2 for t in tables))
+    return ks, cells

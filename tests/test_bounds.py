@@ -1,0 +1,109 @@
+"""Certificates: lower bounds never exceed the optimum; exact is warm-started and honest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import brute_force, tiny_scenario_dict
+from slimcaching.algorithms import solve
+from slimcaching.bounds import gap, lower_bound, storage_bound
+from slimcaching.formulation import build_formulation, dual_bound, solve_lp_bound
+from slimcaching.problem import build_problem
+from slimcaching.quality import random_instance
+from slimcaching.scenario import resolve_scenario
+
+
+def _problem(**kw):
+    return build_problem(resolve_scenario(tiny_scenario_dict(**kw)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounds_never_exceed_brute_force_optimum(seed):
+    problem = _problem(seed=seed, servers=2, users=3, experts=3, top_k=2, layers=2, models=1,
+                       capacity_experts=2, local_experts=0)
+    opt = brute_force(problem)
+    cert = lower_bound(problem, time_limit=30)
+    assert cert["lower_bound_s"] <= opt * (1 + 1e-12)
+    assert cert["lower_bound_s"] >= storage_bound(problem) - 1e-15
+    assert cert["bound_method"].startswith("LP relaxation") or cert["bound_method"].startswith("unlimited")
+    ex = solve(problem, "exact", {"time_limit": 30})
+    assert ex.info["optimal"] and ex.info["objective_s"] == pytest.approx(opt, rel=1e-9)
+    assert ex.info["bound_s"] <= opt * (1 + 1e-9)
+    lp = solve(problem, "exact", {"relax": True})
+    assert lp.info["bound_s"] <= opt * (1 + 1e-12) and not lp.x.any()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lp_bound_below_milp_optimum_and_placements(seed):
+    problem = build_problem(resolve_scenario(random_instance(500 + seed, 2 + seed % 2)))
+    ex = solve(problem, "exact", {"time_limit": 60})
+    assert ex.info["optimal"]
+    cert = lower_bound(problem, time_limit=60)
+    assert cert["lower_bound_s"] <= ex.info["objective_s"] * (1 + 1e-12)
+    for name in ("slimcaching", "slimcaching-fast", "greedy", "lfu", "none"):
+        lat = problem.objective(solve(problem, name).x)
+        assert cert["lower_bound_s"] <= lat * (1 + 1e-12)
+        assert 0.0 <= gap(lat, cert["lower_bound_s"]) < 1.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 5.0))
+def test_dual_bound_valid_for_any_multipliers(seed, scale):
+    """Weak duality: any row multipliers (random ones here) give a bound at most the LP optimum."""
+    problem = _problem(seed=seed % 50, servers=2, users=3, experts=3, top_k=2, layers=2, models=1,
+                       capacity_experts=2, local_experts=0)
+    f = build_formulation(problem.compact())
+    r = solve_lp_bound(f, 30)
+    assert r.status == "optimal"
+    rng = np.random.default_rng(seed)
+    pi = rng.normal(scale=scale, size=f.a.shape[0])
+    assert dual_bound(f, pi) <= r.objective + 1e-9
+    assert r.dual_bound <= r.objective + 1e-9
+
+
+def test_warm_solution_is_feasible_and_exact():
+    problem = build_problem(resolve_scenario(random_instance(7, 3)))
+    f = build_formulation(problem.compact())
+    for name in ("slimcaching", "greedy", "none"):
+        x = solve(problem, name).x
+        v = f.solution(x)
+        av = f.a @ v
+        assert np.all(av >= f.row_lo - 1e-9) and np.all(av <= f.row_hi + 1e-9)
+        assert np.all(v >= f.col_lo - 1e-9) and np.all(v <= f.col_hi + 1e-9)
+        assert f.to_seconds(f.c @ v) == pytest.approx(problem.objective(x), rel=1e-12)
+
+
+def test_exact_never_worse_than_its_warm_start_and_reports_gap():
+    problem = build_problem(resolve_scenario(random_instance(31, 3)))
+    ex = solve(problem, "exact", {"time_limit": 60})
+    assert ex.info["objective_s"] <= ex.info["warm_start_s"] * (1 + 1e-12)
+    assert ex.info["gap"] == pytest.approx((ex.info["objective_s"] - ex.info["bound_s"]) / ex.info["objective_s"])
+
+
+def test_cli_bound_and_exact_time_limit(tmp_path):
+    from typer.testing import CliRunner
+
+    from slimcaching.cli import app
+
+    scen = tmp_path / "s.json"
+    scen.write_text(json.dumps(random_instance(7, 2)))
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["solve", str(scen), "-a", "greedy", "--bound", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["lower_bound_s"] <= data["mean_token_latency_s"]
+    assert data["gap"] == pytest.approx(gap(data["mean_token_latency_s"], data["lower_bound_s"]))
+    assert data["bound_method"].startswith("LP relaxation")
+    assert "of optimal" in " ".join(res.output.split())
+    # a time limit that is reached is said so, with the incumbent (the warm start) and its gap
+    res = CliRunner().invoke(app, ["solve", "default", "-a", "exact", "--time-limit", "0.5", "-o",
+                                   str(tmp_path / "e.json")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "time limit of 0.5 s reached" in text and "not proven optimal" in text
+    e = json.loads((tmp_path / "e.json").read_text())
+    assert e["status"] == "time_limit" and e["optimal"] is False and e["objective_s"] <= e["warm_start_s"] + 1e-12
