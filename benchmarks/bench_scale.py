@@ -2,7 +2,8 @@
 
 Each (size, algorithm) runs in a fresh process so that its peak RSS (ru_maxrss) is its own:
 scenario generation + problem build + solve. Sizes are SERVERSxUSERS of the default generator
-(ring of servers, the three default models).
+(ring of servers, the three default models). Fitted exponents: solve time against users (at 5
+servers) and against servers (at 100 users per server).
 
 Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcaching,slimcaching-fast]
      [--json OUT]
@@ -31,14 +32,14 @@ def one(size: str, algo: str) -> dict:
     servers, users = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
     sc = resolve_scenario(generate_scenario_dict(servers=servers, users=users))
-    problem = build_problem(sc)
+    problem = build_problem(sc, merge_rows=True)
     problem.compact()
     build = time.perf_counter() - t0
     pl = solve(problem, algo)
     return {"size": size, "servers": servers, "users": users, "algorithm": algo,
             "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": build, "solve_s": pl.solve_seconds,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "passes": len(pl.params.get("objective_per_pass_s", [])) or None,
+            "passes": pl.params.get("passes_run"), "polish": pl.params.get("polish"),
             "value_tables": pl.params.get("value_tables")}
 
 
@@ -56,9 +57,14 @@ def cli_time(repeats: int = 3) -> dict:
     return {"cli_solve_default_s": float(np.median(out)), "all_s": out}
 
 
+def slope(xs, ys) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="5x50,10x1000,20x2000,50x5000")
+    ap.add_argument("--sizes", default="5x50,5x500,5x2000,5x5000,10x1000,20x2000,50x5000")
     ap.add_argument("--algos", default="slimcaching,slimcaching-fast")
     ap.add_argument("--json")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "ALGO"), help=argparse.SUPPRESS)
@@ -86,14 +92,13 @@ def main() -> None:
                   flush=True)
     fits = {}
     for algo in args.algos.split(","):
-        pts = [(r["servers"], r["users"], r["solve_s"]) for r in rows if r["algorithm"] == algo]
-        if len(pts) >= 3:
-            s, u, t = (np.array(v, float) for v in zip(*pts))
-            # log t = a log servers + b log users + c
-            a = np.stack([np.log(s), np.log(u), np.ones(len(s))], axis=1)
-            coef = np.linalg.lstsq(a, np.log(t), rcond=None)[0]
-            fits[algo] = {"servers": float(coef[0]), "users": float(coef[1])}
-            print(f"fitted exponents {algo}: servers {coef[0]:.2f}, users {coef[1]:.2f}")
+        mine = [r for r in rows if r["algorithm"] == algo]
+        users = [(r["users"], r["solve_s"]) for r in mine if r["servers"] == 5]  # users at 5 servers
+        servers = [(r["servers"], r["solve_s"]) for r in mine if r["users"] == 100 * r["servers"]]  # 100 per server
+        for key, pts in (("users", users), ("servers", servers)):
+            if len(pts) >= 3:
+                fits[f"{algo} vs {key}"] = slope(*zip(*pts))
+                print(f"fitted exponent {algo} vs {key}: {fits[f'{algo} vs {key}']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "fitted_exponents": fits}, f, indent=1)

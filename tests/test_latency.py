@@ -130,3 +130,21 @@ def test_unreachable_servers_do_not_help():
     x = problem.empty_placement()
     x[1, :] = True  # everything on the unreachable server
     assert problem.objective(x) == problem.objective(problem.empty_placement())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_merged_while_building_give_the_same_objective(seed):
+    """build_problem(merge_rows=True) merges identical rows per profile as it builds (for memory):
+    the objective, its compact form and every algorithm's input agree with the full build."""
+    from slimcaching.generate import generate_scenario_dict
+
+    sc = resolve_scenario(generate_scenario_dict(servers=3 + seed, users=40, seed=seed))
+    full, merged = build_problem(sc), build_problem(sc, merge_rows=True)
+    assert len(merged.row_weight) <= len(full.row_weight)
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        x = rng.random((full.n_servers, full.n_items)) < 0.2
+        a, b = full.objective(x), merged.objective(x)
+        assert b == pytest.approx(a, rel=1e-12)
+        assert merged.compact().objective(x) == pytest.approx(a, rel=1e-12)
+    assert np.isclose(merged.row_weight.sum(), full.row_weight.sum(), rtol=1e-12)

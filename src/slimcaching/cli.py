@@ -190,7 +190,7 @@ def solve_cmd(
         from slimcaching.algorithms.co_local import co_activation_local_caches
 
         sc = co_activation_local_caches(sc)
-    problem = build_problem(sc)
+    problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
     with console.status(f"solving with {spec.name} ..."):
         placement = solve(problem, spec.name, params)
     if co_local:

@@ -196,8 +196,33 @@ class Problem:
         return bool(np.all(self.check_capacity(x) <= self.capacity * (1 + 1e-9) + 1e-6))
 
 
-def build_problem(sc: Scenario) -> Problem:
-    """Resolve local caches, aggregate identical users, and lay the rows out as arrays."""
+def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
+    """Append one profile's rows to ``rows`` with identical rows merged (weights added)."""
+    cols = np.ascontiguousarray(np.concatenate([home[:, None], layer[:, None], items, access.view(np.int64)[:, None],
+                                                local.view(np.int64)[:, None]], axis=1))
+    void = cols.view(np.dtype((np.void, cols.dtype.itemsize * cols.shape[1]))).ravel()
+    _, idx, inv = np.unique(void, return_index=True, return_inverse=True)
+    n = len(idx)
+    rows["items"].append(items[idx])
+    rows["cls"].append(np.full(n, -1))
+    rows["home"].append(home[idx])
+    rows["model"].append(np.full(n, model))
+    rows["layer"].append(layer[idx])
+    rows["access"].append(access[idx])
+    rows["local"].append(local[idx])
+    rows["w"].append(np.bincount(inv.ravel(), weights=weight, minlength=n))
+    rows["p"].append(np.full(n, np.nan))
+    rows["entry"].append(np.full(n, -1))
+
+
+def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
+    """Resolve local caches, aggregate identical users, and lay the rows out as arrays.
+
+    ``merge_rows``: workload entries whose rows would be identical (same home, access and device
+    times, device cache of the model, profile) share one set of rows with their weights added, as
+    :meth:`Problem.compact` would merge them, but without materialising the per-class rows first
+    (a fraction of the memory at scale). Per-class row fields are then -1, as after ``compact``:
+    enough for solving and the mean latency, not for per-user breakdowns or simulation."""
     sc = sc.with_local_caches()
     models = sc.models
     mnames = [m.name for m in models]
@@ -267,7 +292,7 @@ def build_problem(sc: Scenario) -> Problem:
     for k, e in enumerate(entries):
         by_profile.setdefault(e[4], []).append(k)
     rows: dict[str, list] = {k: [] for k in ("items", "cls", "model", "layer", "access", "local", "w", "p",
-                                             "entry")}
+                                             "entry", "home")}
     for pname, ids in by_profile.items():
         prof = sc.profiles[pname]
         mi = midx[prof.model]
@@ -276,25 +301,46 @@ def build_problem(sc: Scenario) -> Problem:
         p_layer = np.concatenate([np.full(len(lp.probs), layer) for layer, lp in enumerate(prof.layers)])
         p_prob = np.concatenate([lp.probs for lp in prof.layers])
         cls = np.array([entries[k][0] for k in ids])
+        ew = np.array([entries[k][2] for k in ids])
+        eshare = np.array([entries[k][3] for k in ids])
+        ids = np.array(ids)
+        if merge_rows:
+            lo, hi = offset[mi], offset[mi] + m.layers * m.experts
+            key = np.concatenate([class_home[cls][:, None].astype(float), class_access[cls, mi][:, None],
+                                  class_local_exec[cls, mi][:, None], class_local[cls, lo:hi].astype(float)], axis=1)
+            _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+            ew = np.bincount(inv.ravel(), weights=ew, minlength=len(first))
+            cls, eshare, ids = cls[first], np.full(len(first), np.nan), np.full(len(first), -1)
         loc = class_local[cls[:, None, None], p_items[None, :, :]]  # [entries, sets, K]
         rem = np.where(loc, ni, p_items[None, :, :])
         if m.top_k < kmax:
             rem = np.concatenate([rem, np.full(rem.shape[:2] + (kmax - m.top_k,), ni)], axis=2)
-        ne, ns = len(ids), len(p_prob)
+        ne, ns = len(cls), len(p_prob)
+        if merge_rows:  # identical rows of this profile merged now: never all rows at once
+            _append_merged(rows, rem.reshape(ne * ns, kmax), np.repeat(class_home[cls], ns), mi, np.tile(p_layer, ne),
+                           np.repeat(class_access[cls, mi], ns),
+                           np.where(loc.any(axis=2), class_local_exec[cls, mi][:, None], 0.0).ravel(),
+                           (ew[:, None] * p_prob[None, :]).ravel())
+            continue
         rows["items"].append(rem.reshape(ne * ns, kmax))
         rows["cls"].append(np.repeat(cls, ns))
         rows["model"].append(np.full(ne * ns, mi))
         rows["layer"].append(np.tile(p_layer, ne))
         rows["access"].append(np.repeat(class_access[cls, mi], ns))
         rows["local"].append(np.where(loc.any(axis=2), class_local_exec[cls, mi][:, None], 0.0).ravel())
-        rows["w"].append((np.array([entries[k][2] for k in ids])[:, None] * p_prob[None, :]).ravel())
-        rows["p"].append((np.array([entries[k][3] for k in ids])[:, None] * p_prob[None, :]).ravel())
-        rows["entry"].append(np.repeat(np.array(ids), ns))
+        rows["w"].append((ew[:, None] * p_prob[None, :]).ravel())
+        rows["p"].append((eshare[:, None] * p_prob[None, :]).ravel())
+        rows["entry"].append(np.repeat(ids, ns))
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
     row_items = cat["items"].astype(np.int64).reshape(-1, kmax)
     row_class = cat["cls"].astype(np.int64)
     dense_term = float((class_model_weight * class_dense).sum())
-    return Problem(
+    if merge_rows:
+        row_home = cat["home"].astype(np.int64)
+        row_class = np.full(len(row_class), -1, np.int64)
+    else:
+        row_home = class_home[row_class]
+    out = Problem(
         scenario=sc, model_names=mnames, server_names=[s.name for s in servers],
         item_model=item_model, item_layer=item_layer, item_expert=item_expert, item_size=item_size,
         model_offset=offset, capacity=np.array([s.capacity_bytes for s in servers], float),
@@ -303,7 +349,7 @@ def build_problem(sc: Scenario) -> Problem:
         class_local_exec=class_local_exec, class_dense=class_dense, class_model_weight=class_model_weight,
         class_local=class_local[:, :ni],
         row_items=row_items, row_class=row_class, row_model=cat["model"].astype(np.int64),
-        row_layer=cat["layer"].astype(np.int64), row_home=class_home[row_class],
+        row_layer=cat["layer"].astype(np.int64), row_home=row_home,
         row_access=cat["access"], row_local=cat["local"], row_weight=cat["w"], row_prob=cat["p"],
         row_entry=cat["entry"].astype(np.int64),
         entry_class=np.array([e[0] for e in entries], np.int64),
@@ -311,3 +357,6 @@ def build_problem(sc: Scenario) -> Problem:
         entry_weight=np.array([e[2] for e in entries], float),
         dense_term=dense_term, total_rate=total_rate,
     )
+    if merge_rows:
+        out._cache["merged_rows"] = True
+    return out

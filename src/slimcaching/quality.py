@@ -20,14 +20,14 @@ from slimcaching.scenario import resolve_scenario
 def random_instance(seed: int, top_k: int, models: int | None = None, large_k: bool = False) -> dict:
     """A small random scenario: 2-3 servers, 1-2 models, E=4-6 experts, 2-3 layers, 3-8 users.
 
-    ``large_k``: the K=4..8 family: 2-3 models with E = K+2..K+5 experts (model 0 has K = top_k,
+    ``large_k``: the K=4..8 family: 2-3 models with E = K+2..K+4 experts (model 0 has K = top_k,
     the others K-1 and K-2, at least 1), 2 layers, 2-3 servers."""
     rng = np.random.default_rng(seed)
     servers = int(rng.integers(2, 4))
     n_models = int(rng.integers(2, 4)) if large_k else int(rng.integers(1, 3))
     models = models or n_models
     if large_k:
-        experts = int(rng.integers(top_k + 2, top_k + 6))
+        experts = int(rng.integers(top_k + 2, top_k + 5))
         layers = 2
     else:
         experts = int(rng.integers(max(4, top_k + 1), 7))
@@ -42,7 +42,7 @@ def random_instance(seed: int, top_k: int, models: int | None = None, large_k: b
         for task in range(2):
             lay = []
             for _ in range(layers):
-                cnt = int(rng.integers(2, min(len(all_sets), 8) + 1))
+                cnt = int(rng.integers(2, min(len(all_sets), 6 if large_k else 8) + 1))
                 pick = sorted(rng.choice(len(all_sets), size=cnt, replace=False))
                 p = rng.dirichlet(np.ones(cnt) * 0.5)
                 lay.append({"sets": [list(all_sets[i]) for i in pick], "probs": [float(v) for v in p]})

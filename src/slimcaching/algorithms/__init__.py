@@ -66,6 +66,7 @@ def get_algorithm(name: str) -> AlgorithmSpec:
 PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "passes": (int, 1, 1000, True),
     "polish": (float, 0, 1e15, True),
+    "budget": (float, 0, 1e15, True),
     "exact_budget": (float, 0, 1e12, False),
     "beam_width": (int, 1, 10_000, True),
     "max_units": (int, 1, 10_000_000, True),

@@ -65,8 +65,9 @@ def build_group(items: np.ndarray, cand: np.ndarray, tables: np.ndarray) -> Grou
         uniq = keys[first]
     else:
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    gains = np.zeros((len(uniq), tables.shape[1]))
-    np.add.at(gains, inv.ravel(), tables)
+    npat = tables.shape[1]
+    flat = (inv.ravel()[:, None] * npat + np.arange(npat)[None, :]).ravel()
+    gains = np.bincount(flat, weights=tables.ravel(), minlength=len(uniq) * npat).reshape(len(uniq), npat)
     # the sentinel index -1 must address the always-False column E'
     uniq = np.where(uniq < 0, len(experts), uniq)
     return GroupProblem(experts, uniq, gains)

@@ -6,14 +6,17 @@ given). For server n, every other server's cache is fixed and n's cache is chose
     max_{Y_n}  T(X with X_n = {}) - T(X with X_n = Y_n)   s.t.  sum_{i in Y_n} s_i <= Q_n,
 
 which is additive over (model, layer) groups: a grouped knapsack whose group tables V_g(k) come
-from :mod:`slimcaching.algorithms._tables` (exact by enumeration where affordable, else a
-labelled beam-search approximation).
+from :mod:`slimcaching.algorithms._tables` (exact by a Moebius/zeta transform up to 22 candidate
+experts, else a labelled approximation), kept incrementally by
+:mod:`slimcaching.algorithms._decomposition`. Equal-size groups are merged by (max,+)
+convolution (linear-time for concave tables, exact O(nm) otherwise), then a knapsack over the
+size classes.
 
-``slimcaching`` combines the tables with an exact DP over (group, capacity units).
-``slimcaching-fast`` is the accelerated variant: groups of equal expert size are merged by
-(max,+) convolution (linear-time merge for concave tables, exact O(nm) otherwise), then a small
-knapsack over the size classes; its group tables use a smaller enumeration budget and a beam of
-width 1 beyond it, so that its running time is polynomial.
+Beyond the paper: sweeps are repeated until none changes a cache (a server-wise local optimum,
+certified where every table is exact), then a large-neighbourhood local search (``_polish``)
+runs within a deterministic work budget. ``passes=1, polish=0`` is the paper's procedure.
+``slimcaching-fast`` is the same machinery under one work budget: the paper's single sweep on
+large instances, converged and polished on small ones.
 
 References
 ----------
@@ -21,9 +24,12 @@ Q. Chen, X. Chen, K. Huang, "SlimCaching: Edge Caching of Mixture-of-Experts for
 Inference", arXiv:2507.06567 (successive greedy decomposition; DP; max-convolution acceleration).
 A. Backurs, P. Indyk, L. Schmidt, "Better approximations for tree sparsity", ICALP 2017 /
 M. Kunnemann et al. 2017 (max-plus convolution; concave inputs merge in linear time).
+A. Bjorklund, T. Husfeldt, P. Kaski, M. Koivisto, "Fourier meets Moebius: fast subset
+convolution", STOC 2007 (zeta/Moebius transforms over subsets).
 
-Complexity: per server O(sum_g tables_g + G * kmax * U) for ``slimcaching`` (U capacity units),
-O(sum_g tables_g + sum_m E_m^2 + M * J * U) for ``slimcaching-fast``.
+Complexity: per best response O(sum_g (rows_g 2^K K + E'_g 2^E'_g) + sum_c J_c U) (U capacity
+units, J_c the merged table length of size class c), times the sweeps; the polish is bounded by
+its work budget.
 """
 
 from __future__ import annotations
@@ -81,13 +87,19 @@ def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budg
 
 
 def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float, beam_width: int,
-            max_units: int, passes: int) -> int:
-    """Best responses in ``seq`` order until a sweep changes no cache (at most ``passes`` sweeps).
+            max_units: int, passes: int, work_budget: float = float("inf")) -> int:
+    """Best responses in ``seq`` order until a sweep changes no cache (at most ``passes`` sweeps,
+    and no sweep is started once the work so far plus the last sweep's would exceed
+    ``work_budget``; the first sweep always runs).
 
     A server's new cache replaces its current one only if its reduction (on the same tables) is
     strictly larger, so the objective never increases and ties cannot cycle. Returns the number
     of sweeps run, negative if the last one still changed a cache."""
+    start = last = dec.stats["work"]
     for p in range(1, max(1, passes) + 1):
+        if p > 1 and (dec.stats["work"] - start) + (dec.stats["work"] - last) > work_budget:
+            return -(p - 1)
+        last = dec.stats["work"]
         changed = False
         for n in seq:
             if not dec.dirty[n]:  # nothing its best response depends on changed since last time
@@ -102,9 +114,11 @@ def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float,
 
 
 def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
-    """The large neighbourhood of the polish, per server: forbid its whole cache, each model it
-    caches, each (model, layer) it caches, each cached expert; then force each expert it does
-    not cache (most popular first). Yields (server, "forbid" | "force", items)."""
+    """The large neighbourhood of the polish: per server, forbid its whole cache, each model, each
+    (model, layer) and each expert it caches; force each expert it does not cache (most popular
+    first); force a whole co-activation set (heaviest first) onto one server, or spread it over
+    several (smallest first: sets no server completes well alone).
+    Yields ("forbid" | "force", [(server, items), ...])."""
     experts = np.array([m.experts for m in problem.scenario.models], np.int64)
     group_lo = problem.model_offset[problem.item_model] + problem.item_layer * experts[problem.item_model]
     k = problem.row_items.shape[1]
@@ -115,36 +129,51 @@ def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
     for n in seq:
         held = np.nonzero(x[n])[0]
         if len(held):
-            yield n, "forbid", held
+            yield "forbid", [(n, held)]
     for n in seq:
         held = np.nonzero(x[n])[0]
         for m in np.unique(problem.item_model[held]):
-            yield n, "forbid", np.nonzero(problem.item_model == m)[0]
+            yield "forbid", [(n, np.nonzero(problem.item_model == m)[0])]
     for n in seq:
         held = np.nonzero(x[n])[0]
         for lo in np.unique(group_lo[held]):
-            yield n, "forbid", np.arange(lo, lo + experts[problem.item_model[lo]])
+            yield "forbid", [(n, np.arange(lo, lo + experts[problem.item_model[lo]]))]
     for n in seq:
         for i in np.nonzero(x[n])[0]:
-            yield n, "forbid", np.array([i])
+            yield "forbid", [(n, np.array([i]))]
     for n in seq:
         fits = problem.item_size <= problem.capacity[n]
         for i in by_popularity:
             if not x[n, i] and fits[i] and popularity[i] > 0:
-                yield n, "force", np.array([i])
+                yield "force", [(n, np.array([i]))]
     # whole co-activation sets, heaviest first (rows of one set merged over homes)
-    sets = problem.row_items
-    order = np.argsort(-problem.row_weight, kind="stable")
-    seen: set = set()
-    for r in order[:256]:
-        key = tuple(sets[r][sets[r] < problem.n_items])
-        if len(key) < 2 or key in seen:
-            continue
-        seen.add(key)
-        items = np.array(key)
+    set_keys, seen = [], set()
+    for r in np.argsort(-problem.row_weight, kind="stable")[:256]:
+        key = tuple(int(i) for i in problem.row_items[r] if i < problem.n_items)
+        if len(key) >= 2 and key not in seen:
+            seen.add(key)
+            set_keys.append(np.array(key))
+    for items in set_keys:
         for n in seq:
             if not x[n, items].all() and problem.item_size[items].sum() <= problem.capacity[n]:
-                yield n, "force", items
+                yield "force", [(n, items)]
+    by_capacity = sorted(seq, key=lambda n: (problem.capacity[n], n))
+    for items in set_keys:
+        for first in range(len(by_capacity)):
+            spread, left = [], list(items)
+            for n in by_capacity[first:] + by_capacity[:first]:
+                room, take = problem.capacity[n], []
+                for i in left:
+                    if problem.item_size[i] <= room:
+                        take.append(i)
+                        room -= problem.item_size[i]
+                if take:
+                    spread.append((n, np.array(take)))
+                    left = [i for i in left if i not in take]
+                if not left:
+                    break
+            if not left and len(spread) > 1:
+                yield "force", spread
 
 
 def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float, sweep_work: float, fast: bool,
@@ -152,7 +181,8 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
     """Large-neighbourhood local search on the true objective (beyond the paper).
 
     A *kick* forbids some experts at one server (its whole cache, a model, a (model, layer), one
-    expert) or forces one expert there, lets that server and then all others best-respond with
+    expert) or forces one expert or a whole co-activation set there (or a set spread over several
+    servers), lets those servers and then all others best-respond with
     the kick in place, lifts it and lets everyone best-respond again. The result is kept only if
     the objective (evaluated exactly) went down; after an improvement the neighbourhood is
     scanned again from the start. This moves experts between servers and completes
@@ -167,7 +197,7 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
     exhausted = False
     while not exhausted:
         improved = False
-        for n, kind, items in _kicks(problem, dec, seq):
+        for kind, assignment in _kicks(problem, dec, seq):
             used = dec.stats["work"] - start
             if kicks:
                 per_kick = used / kicks
@@ -177,18 +207,23 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
             kicks += 1
             snap = dec.snapshot()
             mask = problem.empty_placement()
-            mask[n, items] = True
+            for n, items in assignment:
+                mask[n, items] = True
             if kind == "force":
                 dec.force = mask
             else:
                 dec.forbid = mask
-            dec.drop_tables(n, items)
-            new, *_ = dec.best_response(n, fast, exact_budget, beam_width, max_units)
-            dec.set_cache(n, new, None)
-            dec.dirty[n] = False
+            for n, items in assignment:
+                dec.drop_tables(n, items)
+            for n, _ in assignment:
+                new, *_ = dec.best_response(n, fast, exact_budget, beam_width, max_units)
+                dec.set_cache(n, new, None)
+            for n, _ in assignment:
+                dec.dirty[n] = False
             _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
             dec.force = dec.forbid = None
-            dec.drop_tables(n, items)
+            for n, items in assignment:
+                dec.drop_tables(n, items)
             _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
             obj = problem.objective(dec.x)
             if obj < best * (1 - 1e-12):
@@ -203,7 +238,7 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
 
 
 def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
-                max_units: int, polish: float = 0.0) -> Placement:
+                max_units: int, polish: float = 0.0, work_budget: float = float("inf")) -> Placement:
     """Sweeps over the servers until one changes no cache (at most ``passes``), then the polish.
 
     With exact tables and an exact capacity grid each step is a best response, and a sweep
@@ -211,7 +246,8 @@ def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: 
     by changing its cache."""
     dec = Decomposition(problem)
     seq = server_order(problem, order)
-    sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes)
+    sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget)
+    polish = min(polish, max(0.0, work_budget - dec.stats["work"]))
     params = {"order": [problem.server_names[s] for s in seq], "passes_run": abs(sweeps),
               "converged": sweeps > 0}
     history = [problem.objective(dec.x)]
@@ -228,6 +264,7 @@ def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: 
                                                       if m != "exact")),
         "capacity_grid": "exact (gcd of sizes)" if stats["exact_units"] else f"rounded up, {max_units} units",
         "objective_s": history,
+        "work": float(stats["work"]),
         "local_optimum": ("certified: no single server's cache change lowers the latency"
                           if sweeps > 0 and all_exact and stats["exact_units"] else "not certified"),
     })
@@ -236,7 +273,7 @@ def _successive(problem: Problem, fast: bool, order, passes: int, exact_budget: 
 
 @register("slimcaching", "successive greedy decomposition, per-server DP over (model, layer) groups")
 def slimcaching(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e8,
-                beam_width: int = 16, max_units: int = 60000, polish: float = 1e7) -> Placement:
+                beam_width: int = 16, max_units: int = 60000, polish: float = 5e7) -> Placement:
     """The paper's main algorithm (see module docstring), then a local search.
 
     Parameters
@@ -257,12 +294,13 @@ def slimcaching(problem: Problem, order: str = "rate", passes: int = 50, exact_b
     return _successive(problem, False, order, passes, exact_budget, beam_width, max_units, polish)
 
 
-@register("slimcaching-fast", "accelerated: max-plus convolution over equal-size groups, then size-class knapsack")
-def slimcaching_fast(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e5,
-                     max_units: int = 60000, polish: float = 2e6) -> Placement:
-    """The paper's accelerated algorithm (see module docstring); beam width 1 above the budget.
+@register("slimcaching-fast", "accelerated: one sweep where large, to a local optimum and polished where small")
+def slimcaching_fast(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e8,
+                     max_units: int = 60000, budget: float = 5e7) -> Placement:
+    """The paper's accelerated algorithm (see module docstring) under a work budget.
 
-    One sweep by default, as in the paper (``passes=2`` adds the refinement sweep of
-    ``slimcaching``)."""
-    return _successive(problem, True, order, passes, exact_budget, 1, max_units, polish)
-
+    The first sweep (the paper's procedure) always runs; further sweeps and then the polish of
+    ``slimcaching`` run only while their work (table and DP cells) stays within ``budget``. Small
+    instances therefore get a polished local optimum, large ones the paper's single sweep, in a
+    running time that does not depend on how many sweeps convergence would take."""
+    return _successive(problem, True, order, passes, exact_budget, 1, max_units, budget, budget)
