@@ -380,7 +380,9 @@ def demo(
                 if pl.info.get("optimal"):
                     note = "optimal"
                 elif "objective_s" in pl.info:
-                    note = f"{pl.info.get('status')}: best found, not proven optimal; {btxt}"
+                    g = pl.info.get("gap")
+                    gtxt = f", gap {g * 100:.2f}%" if g is not None else ""
+                    note = f"{pl.info.get('status')}: best found, not proven optimal; {btxt}{gtxt}"
                 else:
                     note = f"{pl.info.get('status')}: no solution in {time_limit:g} s; {btxt}"
                     lat = None
