@@ -25,6 +25,13 @@ ModelNameOpt = Annotated[str | None, typer.Option("--model-name", help="Scenario
                                                   "(default: the one whose hf is this directory).")]
 PaceOpt = Annotated[bool, typer.Option("--pace", help="Pad compute to the scenario's roofline times.")]
 NoEmuOpt = Annotated[bool, typer.Option("--no-emulate", help="Raw network: no link emulation.")]
+# node and generate read these from the cluster file unless given
+ScenarioOverrideOpt = Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
+                                                         "file's).")]
+PlacementOverrideOpt = Annotated[str | None, typer.Option("--placement", help="Placement file (default: the "
+                                                          "cluster file's).")]
+ModelOverrideOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
+                                                      "file's).")]
 DeadlineOpt = Annotated[float, typer.Option("--deadline-factor", min=1.0,
                                             help="A request's deadline: factor x predicted + floor.")]
 FloorOpt = Annotated[float, typer.Option("--deadline-floor", min=0.001, help="Seconds added to every deadline.")]
@@ -181,12 +188,9 @@ def node_cmd(
     name: Annotated[str, typer.Argument(help="Node to run: an edge server's name or 'cloud'.")],
     cluster: Annotated[Path, typer.Option("--cluster", help="Cluster file: nodes -> host:port (+ scenario, "
                                           "placement, model).")],
-    scenario: Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
-                                                "file's).")] = None,
-    placement: Annotated[str | None, typer.Option("--placement", help="Placement file (default: the cluster "
-                                                  "file's).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
-                                              "file's).")] = None,
+    scenario: ScenarioOverrideOpt = None,
+    placement: PlacementOverrideOpt = None,
+    model: ModelOverrideOpt = None,
     model_name: ModelNameOpt = None,
     bind: Annotated[str | None, typer.Option("--bind", help="Address to listen on (default: the cluster "
                                              "file's host for this node).")] = None,
@@ -223,12 +227,9 @@ def generate_cmd(
     prompts: Annotated[Path | None, typer.Option("--prompts", help="Prompts file.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, max=4096,
                                                                    help="Tokens to generate per prompt.")] = 16,
-    scenario: Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
-                                                "file's).")] = None,
-    placement: Annotated[str | None, typer.Option("--placement", help="Placement file (default: the cluster "
-                                                  "file's).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
-                                              "file's).")] = None,
+    scenario: ScenarioOverrideOpt = None,
+    placement: PlacementOverrideOpt = None,
+    model: ModelOverrideOpt = None,
     model_name: ModelNameOpt = None,
     pace: PaceOpt = False,
     no_emulate: NoEmuOpt = False,

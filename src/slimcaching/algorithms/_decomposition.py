@@ -79,7 +79,7 @@ class Decomposition:
         self.dirty = np.ones(ns, bool)  # False: nothing n's best response depends on changed since
         self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.entries: dict[tuple[int, int], _Entry] = {}
-        self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}, "recomputed": 0,
+        self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {},
                       "work": 0.0}
 
     # ---- remote costs -----------------------------------------------------------------------
@@ -199,7 +199,6 @@ class Decomposition:
                     self.stats["exact_groups"] += int(table.exact)
                     mask = self.x[n, gp.experts]
                     held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
-                self.stats["recomputed"] += 1
                 ent = _Entry(int(self.version[g]), table, held, inputs)
                 self.entries[(n, g)] = ent
             if ent.table is not None:
