@@ -15,7 +15,7 @@ import numpy as np
 def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts: int = 4, top_k: int = 2,
                        layers: int = 2, models: int = 1, capacity_experts: float = 2.0,
                        local_experts: int = 1, links: str = "line", sets_per_layer: int | None = None,
-                       mem_bandwidth: bool = True) -> dict:
+                       mem_bandwidth: bool = True, reach: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     mods = []
     for mi in range(models):
@@ -66,6 +66,15 @@ def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts:
                     "rtt_s": float(rng.uniform(0.002, 0.01)), "flops": 1e12, "mem_bandwidth": 3e10,
                     "cache_bytes": float(local_experts * 1e6), "rate": float(rng.uniform(0.5, 2)),
                     "workload": wl})
+    if reach:  # its own stream: the scenario without reach is unchanged
+        rr = np.random.default_rng([seed, 7])
+        for u in usr:
+            others = [n for n in range(servers) if f"s{n}" != u["home"]]
+            pick = rr.permutation(others)[: min(reach, len(others))]
+            if len(pick):
+                u["reach"] = [{"server": f"s{int(n)}", "uplink_bps": float(rr.uniform(1e7, 2e8)),
+                               "downlink_bps": float(rr.uniform(3e7, 3e8)),
+                               "rtt_s": float(rr.uniform(0.0, 0.012))} for n in pick]
     return {"name": "tiny", "models": mods, "cloud": {"flops": 1e14, "mem_bandwidth": 1e12}, "servers": srv,
             "server_links": lks, "profiles": profiles, "users": usr}
 
@@ -81,7 +90,6 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
     """T-bar by SPEC section 3, literally. ``placement``: server -> set of (model, layer, expert);
     ``local``: user -> set of (model, layer, expert), default: the scenario's resolved caches."""
     sc = sc.with_local_caches()
-    names = [s.name for s in sc.servers]
     num, den = 0.0, 0.0
     for u in sc.users:
         d_u = local[u.name] if local is not None else set(map(tuple, u.local_cache))
@@ -89,23 +97,12 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
             m = sc.model(w.model)
             d = m.hidden_bytes
             bits = 8 * d
-            # Floyd-Warshall on one-way link costs
-            dist = {(a, b): (0.0 if a == b else math.inf) for a in names for b in names}
-            for ln in sc.server_links:
-                c = bits / ln.rate_bps + ln.rtt_s / 2
-                dist[ln.a, ln.b] = min(dist[ln.a, ln.b], c)
-                dist[ln.b, ln.a] = min(dist[ln.b, ln.a], c)
-            for k in names:
-                for a in names:
-                    for b in names:
-                        if dist[a, k] + dist[k, b] < dist[a, b]:
-                            dist[a, b] = dist[a, k] + dist[k, b]
-            h = u.home
-            home = next(s for s in sc.servers if s.name == h)
+            dist = _dist(sc, bits)  # Floyd-Warshall on one-way link costs
+            # V_u (SPEC section 6): the home with the user's own link, then each reached server
+            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s)]
+            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s) for rv in u.reach]
             t_cloud = _exec(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
-            cloud = 2 * bits / home.cloud_rate_bps + home.cloud_rtt_s + t_cloud
             t_u = _exec(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
-            a_u = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
             total = _exec(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
             prof = sc.profiles[w.profile]
             for layer, lp in enumerate(prof.layers):
@@ -117,13 +114,17 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
                     if rem:
                         worst = -math.inf
                         for k in rem:
-                            r = cloud
-                            for s in sc.servers:
-                                if k in placement.get(s.name, set()):
-                                    t_n = _exec(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
-                                    r = min(r, 2 * dist[h, s.name] + t_n)
-                            worst = max(worst, r)
-                        t_rem = a_u + worst
+                            q = math.inf
+                            for v, a_v in access:
+                                sv = next(s for s in sc.servers if s.name == v)
+                                r = 2 * bits / sv.cloud_rate_bps + sv.cloud_rtt_s + t_cloud
+                                for s in sc.servers:
+                                    if k in placement.get(s.name, set()):
+                                        t_n = _exec(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
+                                        r = min(r, 2 * dist[v, s.name] + t_n)
+                                q = min(q, a_v + r)
+                            worst = max(worst, q)
+                        t_rem = worst
                     else:
                         t_rem = 0.0
                     total += p * max(t_loc, t_rem)
@@ -151,3 +152,85 @@ def brute_force(problem):
         x = np.array(combo)
         best = min(best, problem.objective(x))
     return best
+
+
+def _dist(sc, bits):
+    """Shortest one-way relay times between servers (Floyd-Warshall, its own implementation)."""
+    names = [s.name for s in sc.servers]
+    dist = {(a, b): (0.0 if a == b else math.inf) for a in names for b in names}
+    for ln in sc.server_links:
+        c = bits / ln.rate_bps + ln.rtt_s / 2
+        dist[ln.a, ln.b] = min(dist[ln.a, ln.b], c)
+        dist[ln.b, ln.a] = min(dist[ln.b, ln.a], c)
+    for k in names:
+        for a in names:
+            for b in names:
+                if dist[a, k] + dist[k, b] < dist[a, b]:
+                    dist[a, b] = dist[a, k] + dist[k, b]
+    return dist
+
+
+def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set], latency_model: str) -> float:
+    """Mean latency under SPEC section 6's serving architectures, literally, per (user, model):
+    SlimCaching-style T-bar (via :func:`reference_latency` on a one-user scenario), split-style
+    through the cloud, or through a server n storing the model's dense part (``dense``: server ->
+    set of model names). ``latency_model`` picks which options a pair may use."""
+    import copy
+
+    sc = sc.with_local_caches()
+    srv = {s.name: s for s in sc.servers}
+    t_cl = lambda m: _exec(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)  # noqa: E731
+    num = den = 0.0
+    for u in sc.users:
+        for mname in dict.fromkeys(w.model for w in u.workload):
+            entries = [w for w in u.workload if w.model == mname and w.weight > 0]
+            wsum = sum(w.weight for w in entries)
+            if wsum <= 0:
+                continue
+            m = sc.model(mname)
+            bits = 8 * m.hidden_bytes
+            dist = _dist(sc, bits)
+            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s)]
+            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s) for rv in u.reach]
+
+            def r_from(n, key, m=m, bits=bits, dist=dist):
+                s_n = srv[n]
+                best = 2 * bits / s_n.cloud_rate_bps + s_n.cloud_rtt_s + t_cl(m)
+                for k, s in srv.items():
+                    if key in placement.get(k, set()):
+                        best = min(best, 2 * dist[n, k] + _exec(m.expert_flops, m.expert_bytes, s.flops,
+                                                                 s.mem_bandwidth))
+                return best
+
+            def layers_from(n, m=m, entries=entries, wsum=wsum):
+                tot = 0.0
+                for w in entries:
+                    for layer, lp in enumerate(sc.profiles[w.profile].layers):
+                        for sset, p in zip(lp.sets.tolist(), lp.probs.tolist()):
+                            tot += w.weight / wsum * p * max(r_from(n, (m.name, layer, e)) for e in sset)
+                return tot
+
+            cloud = min(a + 2 * bits / srv[v].cloud_rate_bps + srv[v].cloud_rtt_s for v, a in access) \
+                + _exec(m.dense_flops, m.dense_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth) + m.layers * t_cl(m)
+            split = {}
+            for n, s in srv.items():
+                split[n] = (min(a + 2 * dist[v, n] for v, a in access)
+                            + _exec(m.dense_flops, m.dense_bytes, s.flops, s.mem_bandwidth) + layers_from(n))
+            one = copy.copy(sc)
+            one._index = {}
+            nu = copy.copy(u)
+            nu.workload = entries
+            one.users = [nu]
+            slim = reference_latency(one, placement)
+            hosts = [n for n in srv if mname in dense.get(n, set())]
+            if latency_model == "slimcaching":
+                t = slim
+            elif latency_model == "u-shaped-partial":
+                t = split[u.home] if u.home in hosts else cloud
+            elif latency_model == "u-shaped":
+                t = min([cloud] + [split[n] for n in hosts])
+            else:
+                t = min([slim, cloud] + [split[n] for n in hosts])
+            num += u.rate * wsum * t
+            den += u.rate * wsum
+    return num / den

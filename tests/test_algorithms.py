@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import brute_force, placement_sets, reference_latency, tiny_scenario_dict
+from helpers import brute_force, placement_sets, reference_latency, reference_served_latency, tiny_scenario_dict
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
 from slimcaching.algorithms._tables import knapsack, maxplus_merge, value_table
 from slimcaching.algorithms.slimcaching import server_groups, solve_server
-from slimcaching.algorithms.u_shaped import u_shaped_breakdown
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_latency
 from slimcaching.placement import placement_from_dict
@@ -26,6 +25,7 @@ CONTRACT_SCENARIOS = [
     dict(seed=1, servers=3, users=4, experts=4, top_k=2, layers=2, models=2, capacity_experts=3),
     dict(seed=2, servers=2, users=3, experts=5, top_k=3, layers=2, models=1, capacity_experts=4, links="none"),
     dict(seed=3, servers=3, users=5, experts=4, top_k=1, layers=3, models=1, capacity_experts=2.5),
+    dict(seed=4, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=60, reach=2),
 ]
 
 
@@ -46,7 +46,7 @@ def test_algorithm_contract(name, sc):
     pl = solve(problem, name, params)
     # capacity
     assert pl.x.shape == (problem.n_servers, problem.n_items) and pl.x.dtype == bool
-    assert problem.feasible(pl.x)
+    assert problem.feasible(pl.x, pl.dense)
     # input untouched
     for k, v in _snapshot(problem).items():
         assert np.array_equal(v, before[k]), k
@@ -60,43 +60,17 @@ def test_algorithm_contract(name, sc):
     assert data["mean_token_latency_s"] == lat
     back = placement_from_dict(data, problem)
     assert np.array_equal(back.x, pl.x) and back.latency_model == pl.latency_model
+    assert (back.dense is None) == (pl.dense is None) and (pl.dense is None or np.array_equal(back.dense, pl.dense))
     # reported latency equals an independent re-evaluation
-    if pl.latency_model == "u-shaped":
-        assert lat == pytest.approx(_reference_u_shaped(problem, pl.x), rel=1e-12)
-    else:
+    if pl.latency_model == "slimcaching":
         assert lat == pytest.approx(reference_latency(problem.scenario, placement_sets(problem, pl.x)), rel=1e-12)
+    else:
+        dense = {s: {problem.model_names[m] for m in np.nonzero(pl.dense[n])[0]}
+                 for n, s in enumerate(problem.server_names)}
+        ref = reference_served_latency(problem.scenario, placement_sets(problem, pl.x), dense, pl.latency_model)
+        assert lat == pytest.approx(ref, rel=1e-9)
+        assert pl.info["mean_token_latency_s"] == pytest.approx(lat, rel=1e-12)
     assert pl.solve_seconds >= 0
-
-
-def _reference_u_shaped(problem, x):
-    sc = problem.scenario
-    held = placement_sets(problem, x)
-    num = den = 0.0
-    names = [s.name for s in sc.servers]
-    for u in sc.users:
-        for w in u.workload:
-            m = sc.model(w.model)
-            hi = names.index(u.home)
-            s = sc.servers[hi]
-            bits = 8 * m.hidden_bytes
-            dense = m.dense_flops / s.flops
-            if s.mem_bandwidth:
-                dense = max(dense, m.dense_bytes / s.mem_bandwidth)
-            t = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s + dense
-            mi = problem.model_names.index(m.name)
-            for layer, lp in enumerate(sc.profiles[w.profile].layers):
-                for sset, p in zip(lp.sets.tolist(), lp.probs.tolist()):
-                    worst = 0.0
-                    for e in sset:
-                        best = problem.cloud_cost[hi, mi]
-                        for n, name in enumerate(names):
-                            if (m.name, layer, e) in held[name]:
-                                best = min(best, problem.holder_cost[hi, n, mi])
-                        worst = max(worst, best)
-                    t += p * worst
-            num += u.rate * w.weight * t
-            den += u.rate * w.weight
-    return num / den
 
 
 def test_random_is_seeded():
@@ -252,11 +226,13 @@ def test_knapsack_matches_brute_force():
         assert sum(k * wi for k, wi in zip(ks, w)) <= cap
 
 
-def test_u_shaped_ignores_local_caches():
-    problem = _problem(seed=5, servers=2, users=3, experts=4, top_k=2, layers=2, local_experts=3)
-    pl = solve(problem, "u-shaped")
-    assert pl.latency_model == "u-shaped"
-    assert pl.info["mean_token_latency_s"] == pytest.approx(u_shaped_breakdown(problem, pl.x)["mean_token_latency_s"])
+@pytest.mark.parametrize("name", ["u-shaped", "u-shaped-partial"])
+def test_split_baselines_ignore_local_caches(name):
+    kw = dict(seed=5, servers=2, users=3, experts=4, top_k=2, layers=2, capacity_experts=60)
+    with_cache = solve(_problem(**kw, local_experts=3), name)
+    without = solve(_problem(**kw, local_experts=0), name)
+    assert with_cache.latency_model == name and with_cache.dense.any()
+    assert with_cache.info["mean_token_latency_s"] == pytest.approx(without.info["mean_token_latency_s"], rel=1e-12)
 
 
 def test_exact_time_limit_is_not_called_optimal():

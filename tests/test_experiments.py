@@ -35,11 +35,34 @@ def test_quick_capacity_writes_csv_figures_summary(tmp_path):
         assert (tmp_path / f"capacity.{ext}").stat().st_size > 0
     md = (tmp_path / "capacity.md").read_text()
     assert "Headline claim at 2.5 GB" in md and "16.7%" in md
+    assert "two nearest servers, zero access RTT" in md and "The headline under other assumptions" in md
     none = {r["x"]: float(r["latency_ms"]) for r in rows if r["algorithm"] == "none"}
     for r in rows:
         assert float(r["latency_ms"]) <= none[r["x"]] + 1e-9  # caching never hurts
     html = write_report(tmp_path)
     assert "data:image/png;base64," in html.read_text()
+
+
+def test_regime_map_quick(tmp_path, monkeypatch):
+    import dataclasses
+
+    exp = EXPERIMENTS["regimes"]
+    cells = (("rtt", 0.5e9, 0.0), ("rtt", 10e9, 0.0), ("uplink", 0.5e9, 10e6))
+    monkeypatch.setitem(EXPERIMENTS, "regimes", dataclasses.replace(exp, quick_values=cells))
+    path = run_experiment("regimes", tmp_path, seeds=1, quick=True, backend="serial")
+    rows = _rows(path)
+    assert not any(r["error"] for r in rows)
+    assert {r["algorithm"] for r in rows} == set(exp.algorithms)
+    for ext in ("png", "svg", "md"):
+        assert (tmp_path / f"regimes.{ext}").stat().st_size > 0
+    md = (tmp_path / "regimes.md").read_text()
+    assert "never worse than every single one: yes" in md and "NO" not in md
+    lat = {}
+    for r in rows:
+        lat.setdefault(r["point"], {})[r["algorithm"]] = float(r["latency_ms"])
+    for cell in lat.values():  # the hybrid is never worse than any single architecture
+        assert cell["slimcaching-hybrid"] <= min(v for a, v in cell.items() if a != "slimcaching-hybrid") * (1 + 1e-9)
+    assert "regimes" in write_report(tmp_path).read_text()
 
 
 def test_resume_runs_only_missing_points(tmp_path, monkeypatch):

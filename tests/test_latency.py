@@ -34,6 +34,7 @@ scenario_args = st.fixed_dictionaries({
     "local_experts": st.integers(0, 3),
     "links": st.sampled_from(["line", "random", "none"]),
     "mem_bandwidth": st.booleans(),
+    "reach": st.sampled_from([0, 0, 1, 2]),
 })
 
 

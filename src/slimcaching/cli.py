@@ -233,17 +233,35 @@ def evaluate(
     if as_json:
         sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
         return
-    if pl.latency_model == "u-shaped":
-        out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms (U-shaped: "
-                  f"{result['access_and_dense_s'] * 1e3:.3f} ms access + dense at the home server, "
-                  f"{result['expert_layers_s'] * 1e3:.3f} ms expert layers); access link "
-                  f"{result['access_bytes_per_token'] / 1e3:.1f} kB/token")
+    parts = result["parts"]
+    arch = ", ".join(f"{a} {s:.0%}" for a, s in result["architectures"].items())
+    parts_line = (f"per token: {parts['access_s'] * 1e3:.3f} ms access round trips, {parts['relay_s'] * 1e3:.3f} ms "
+                  f"relays, {parts['backhaul_s'] * 1e3:.3f} ms backhaul, {parts['compute_s'] * 1e3:.3f} ms compute; "
+                  f"served by: {arch}")
+    if pl.latency_model != "slimcaching":
+        out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms "
+                  f"({pl.algorithm}, {pl.latency_model} serving)")
+        out.print(parts_line)
+        t = _table("model", "latency ms", "access", "relay", "backhaul", "compute", "served by")
+        for name, d in result["per_model"].items():
+            pp = d["parts"]
+            t.add_row(name, f"{d['mean_token_latency_s'] * 1e3:.3f}",
+                      *(f"{pp[k] * 1e3:.3f}" for k in ("access_s", "relay_s", "backhaul_s", "compute_s")),
+                      ", ".join(f"{a} {s:.0%}" for a, s in d["architectures"].items()))
+        out.print(t)
+        if users:
+            t = _table("user", "model", "home", "latency ms", "served by")
+            for d in result["users"]:
+                t.add_row(d["user"], d["model"], d["home"], f"{d['mean_token_latency_s'] * 1e3:.3f}",
+                          d["architecture"])
+            out.print(t)
         return
     out.print(f"[bold]mean token latency[/] {result['mean_token_latency_s'] * 1e3:.3f} ms "
               f"({pl.algorithm}); layer visits: {result['share_all_local']:.1%} all-local, "
               f"{result['share_edge_only']:.1%} edge only, {result['share_needs_cloud']:.1%} need the cloud; "
               f"access link {result['access_bytes_per_token'] / 1e3:.1f} kB/token, backhaul "
               f"{result['backhaul_bytes_per_token'] / 1e3:.1f} kB/token")
+    out.print(parts_line)
     t = _table("model", "latency ms", "all-local", "edge only", "cloud", "kB/token")
     for name, d in result["per_model"].items():
         t.add_row(name, f"{d['mean_token_latency_s'] * 1e3:.3f}", f"{d['share_all_local']:.1%}",
@@ -291,8 +309,9 @@ def simulate(
           "tokens x layers to draw")
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
-    if pl.latency_model != "slimcaching":
-        raise ScenarioError("placement.latency_model", "simulate supports 'slimcaching' placements", pl.latency_model)
+    if pl.latency_model != "slimcaching" and (queueing or trace is not None):
+        raise ScenarioError("placement.latency_model", "--queueing and --trace support 'slimcaching' placements "
+                            "(plain simulate serves every latency model)", pl.latency_model)
     if trace is not None:
         from slimcaching.simulate import load_trace_array, replay_trace
 
@@ -329,7 +348,7 @@ def simulate(
                   f"p95 {res['p95_s'] * 1e3:.3f} ms, p99 {res['p99_s'] * 1e3:.3f} ms"
                   + (f"; busiest server {busiest[0]} at {busiest[1]:.1%}" if busiest else ""))
         return
-    res = simulate_tokens(problem, pl.x, tokens, seed=seed)
+    res = simulate_tokens(problem, pl.x, tokens, seed=seed, dense=pl.dense, latency_model=pl.latency_model)
     if as_json:
         sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
         return
@@ -423,6 +442,10 @@ def scenario_new(
     topology: Annotated[str, typer.Option(help="ring, line, star, full or none.")] = "ring",
     local_cache: Annotated[str, typer.Option(help="Device expert cache size.")] = "0.5 GB",
     top_k: Annotated[int | None, typer.Option(min=1, help="Override every model's top-K.")] = None,
+    access_rtt: Annotated[str, typer.Option(help="User access round-trip time.")] = "5 ms",
+    reach: Annotated[int | None, typer.Option(
+        min=1, help="Geometric layout: each user's home is its nearest server and it reaches its N nearest "
+                    "(rates fall with distance; see docs/scenario.md).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
 ) -> None:
     """Generate a scenario file from options."""
@@ -440,7 +463,8 @@ def scenario_new(
                             models=tuple(m.strip() for m in models.split(",") if m.strip()),
                             models_per_user=models_per_user, capacity=capacity, uplink=uplink,
                             downlink=downlink, link_rate=link_rate, backhaul=backhaul, topology=topology,
-                            local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem)
+                            local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem,
+                            access_rtt=access_rtt, reach=reach)
     data = generate_scenario_dict(opts)
     resolve_scenario(data)  # validate before writing anything
     suffix = output.suffix.lower()

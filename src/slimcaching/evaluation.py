@@ -34,20 +34,74 @@ def problem_for(sc: Scenario, placement: Placement | None = None) -> Problem:
 
 
 def placement_latency(problem: Problem, placement: Placement) -> float:
-    """Mean per-token latency under the placement's own serving model."""
-    if placement.latency_model == "u-shaped":
-        from slimcaching.algorithms.u_shaped import u_shaped_breakdown
+    """Mean per-token latency under the placement's own serving model (SPEC sections 3 and 6)."""
+    if placement.latency_model == "slimcaching":
+        return problem.objective(placement.x)
+    from slimcaching.architectures import mean_latency
 
-        return u_shaped_breakdown(problem, placement.x)["mean_token_latency_s"]
-    return problem.objective(placement.x)
+    return mean_latency(problem, placement.x, placement.dense, placement.latency_model)
 
 
 def placement_breakdown(problem: Problem, placement: Placement) -> dict:
-    if placement.latency_model == "u-shaped":
-        from slimcaching.algorithms.u_shaped import u_shaped_breakdown
+    """The breakdown of :func:`breakdown` (SlimCaching-style placements) or, for split-style and
+    hybrid ones, per (user, model) latencies; always with the architecture each (user, model)
+    uses and the latency split into access round trips, relays, backhaul and compute."""
+    from slimcaching.architectures import PARTS, architecture_name, latency_parts
 
-        return {"latency_model": "u-shaped", **u_shaped_breakdown(problem, placement.x)}
-    return {"latency_model": "slimcaching", **breakdown(problem, placement.x)}
+    lm = placement.latency_model
+    x, dense = placement.x, placement.dense
+    if x.shape != (problem.n_servers, problem.n_items):
+        raise ScenarioError("placement", "does not match the scenario's servers and experts", x.shape)
+    choice, lat, parts = latency_parts(problem, x, dense, lm)
+    w = problem.class_model_weight
+    names = problem.server_names
+    sc = problem.scenario
+    if lm == "slimcaching":
+        out = breakdown(problem, x)
+    else:
+        used = problem.check_capacity(x, dense)
+        out = {"mean_token_latency_s": placement_latency(problem, placement), "per_model": {}, "users": [],
+               "servers": {s: {"bytes_used": float(used[n]), "capacity_bytes": float(problem.capacity[n]),
+                               "experts": int(x[n].sum()),
+                               "dense": [problem.model_names[m] for m in np.nonzero(dense[n])[0]]
+                               if dense is not None else []}
+                           for n, s in enumerate(names)}}
+        for mi, m in enumerate(sc.models):
+            if w[:, mi].sum() > 0:
+                out["per_model"][m.name] = {"mean_token_latency_s": float(w[:, mi] @ lat[:, mi] / w[:, mi].sum())}
+        for c, members in enumerate(problem.class_users):
+            for ui in members:
+                u = sc.users[ui]
+                for mi, m in enumerate(sc.models):
+                    if w[c, mi] > 0:
+                        out["users"].append({"user": u.name, "model": m.name, "home": u.home,
+                                             "mean_token_latency_s": float(lat[c, mi])})
+        order = {u.name: i for i, u in enumerate(sc.users)}
+        out["users"].sort(key=lambda d: (order[d["user"]], d["model"]))
+    total = w.sum()
+    out["parts"] = {k: float((w * parts[:, :, j]).sum() / total) for j, k in enumerate(PARTS)}
+    arch = {}
+    for c, mi in zip(*np.nonzero(w > 0)):
+        key = (problem.model_names[mi], architecture_name(choice[c, mi], names))
+        arch[key] = arch.get(key, 0.0) + float(w[c, mi])
+    for mi, mname in enumerate(problem.model_names):
+        if mname not in out["per_model"]:
+            continue
+        wm = w[:, mi]
+        out["per_model"][mname]["parts"] = {k: float(wm @ parts[:, mi, j] / wm.sum()) for j, k in enumerate(PARTS)}
+        out["per_model"][mname]["architectures"] = {a: s / wm.sum() for (mn, a), s in sorted(arch.items())
+                                                    if mn == mname}
+    shares: dict[str, float] = {}
+    for (_, a), s in arch.items():
+        shares[a] = shares.get(a, 0.0) + s / total
+    out["architectures"] = dict(sorted(shares.items()))
+    cls_of = {ui: c for c, members in enumerate(problem.class_users) for ui in members}
+    uidx = {u.name: i for i, u in enumerate(sc.users)}
+    for d in out["users"]:
+        c, mi = cls_of[uidx[d["user"]]], problem.model_names.index(d["model"])
+        d["architecture"] = architecture_name(choice[c, mi], names)
+        d.update({k: float(parts[c, mi, j]) for j, k in enumerate(PARTS)})
+    return {"latency_model": lm, **out}
 
 
 def breakdown(problem: Problem, x: np.ndarray) -> dict:

@@ -5,6 +5,14 @@ local caches, three MoE models sharing the servers (Switch-base-8 with K=1, MoE-
 with K=2, LLaMA-MoE-3.5B 4/16 with K=4), two tasks standing in for ScienceQA (``sqa``) and
 VQA-v2 (``vqa``). Users draw which models they request and a task mix; mixes are quantised
 (multiples of 1/4) so that users sharing a home and a mix aggregate into one class.
+
+With ``reach`` set (``scenario new --reach N``) the layout is geometric: servers and users are
+placed uniformly at random in a square of ``area_m`` metres a side; each user's home is its
+nearest server and it also reaches the next N-1 nearest (SPEC section 6). The access rate to a
+server at distance d is the nominal rate times ``1 / (1 + (d / R)^2)`` with R the cell radius
+(side / sqrt(servers)), rounded down to half-octave steps (rate levels, as radio modulation and
+coding tables have them, so that users at similar distances share classes); the access RTT is the
+nominal one. Workloads are drawn exactly as without ``reach``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class GeneratorOptions:
     top_k: int | None = None  # override top-K of every model (experiment "k")
     seed: int = 0
     name: str = "default"
+    reach: int | None = None  # None: random homes, equal links; N >= 1: geometric, N nearest servers
+    area_m: float = 1000.0
 
 
 def _links(names: list[str], topology: str, rate, rtt) -> list[dict]:
@@ -68,6 +78,32 @@ def _links(names: list[str], topology: str, rate, rtt) -> list[dict]:
     return [{"a": names[a], "b": names[b], "rate_bps": rate, "rtt_s": rtt} for a, b in pairs]
 
 
+def rate_level(distance: float, cell_radius: float) -> float:
+    """Share of the nominal access rate at ``distance``: 1 / (1 + (d/R)^2) in half-octave steps."""
+    share = 1.0 / (1.0 + (distance / cell_radius) ** 2)
+    return float(2.0 ** (np.floor(2.0 * np.log2(share) + 1e-9) / 2.0))
+
+
+def _geometric_links(opts: GeneratorOptions, snames: list[str], rng: np.random.Generator) -> list[dict]:
+    """Per user: home (nearest) and reach (next nearest) with distance-dependent rates."""
+    from slimcaching.units import parse_quantity
+
+    up = parse_quantity(opts.uplink, "bits_per_s", field="uplink")
+    down = parse_quantity(opts.downlink, "bits_per_s", field="downlink")
+    side = float(opts.area_m)
+    servers = rng.uniform(0.0, side, size=(opts.servers, 2))
+    users = rng.uniform(0.0, side, size=(opts.users, 2))
+    radius = side / np.sqrt(opts.servers)
+    out = []
+    for k in range(opts.users):
+        d = np.hypot(*(servers - users[k]).T)
+        near = np.argsort(d, kind="stable")[: opts.reach]
+        links = [{"server": snames[s], "uplink_bps": up * rate_level(d[s], radius),
+                  "downlink_bps": down * rate_level(d[s], radius), "rtt_s": opts.access_rtt} for s in near]
+        out.append(links)
+    return out
+
+
 def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) -> dict:
     """A scenario input mapping (unit strings kept, profiles as synthetic generators)."""
     from slimcaching.errors import ScenarioError
@@ -86,8 +122,12 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
     if not 1 <= opts.models_per_user <= len(opts.models):
         raise ScenarioError("models_per_user", f"must be between 1 and {len(opts.models)}",
                             opts.models_per_user)
+    if opts.reach is not None and not 1 <= opts.reach <= opts.servers:
+        raise ScenarioError("--reach", f"must be between 1 and the number of servers ({opts.servers})", opts.reach)
     rng = np.random.default_rng(opts.seed)
     snames = [f"edge{i}" for i in range(opts.servers)]
+    # its own stream, so that workloads are the same with and without a geometric layout
+    geometric = _geometric_links(opts, snames, np.random.default_rng([opts.seed, 1])) if opts.reach else None
     models = []
     for name in opts.models:
         entry = {"name": name, "preset": name, "precision": opts.precision}
@@ -122,12 +162,18 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
             for task, t_share in mix.items():
                 workload.append({"model": opts.models[mi], "weight": t_share / len(chosen),
                                  "profile": f"{task}/{opts.models[mi]}"})
-        users.append({
+        user = {
             "name": f"u{k}", "home": snames[int(rng.integers(opts.servers))],
             "uplink_bps": opts.uplink, "downlink_bps": opts.downlink, "rtt_s": opts.access_rtt,
             "flops": opts.user_flops, "mem_bandwidth": opts.user_mem_bandwidth,
             "cache_bytes": cache, "rate": 1.0, "workload": workload,
-        })
+        }
+        if geometric is not None:
+            home, *reach = geometric[k]
+            user.update(home=home["server"], uplink_bps=home["uplink_bps"], downlink_bps=home["downlink_bps"])
+            if reach:
+                user["reach"] = reach
+        users.append(user)
     return {
         "name": opts.name,
         "models": models,

@@ -25,7 +25,8 @@ class Placement:
     local: dict[str, list[tuple[str, int, int]]] | None = None
     solve_seconds: float = 0.0
     info: dict = field(default_factory=dict)
-    latency_model: str = "slimcaching"  # or "u-shaped": how the placement is served
+    latency_model: str = "slimcaching"  # how it is served: see slimcaching.architectures.LATENCY_MODELS
+    dense: np.ndarray | None = None  # [N, M] bool: server n stores model m's dense part (SPEC section 6)
 
     def to_dict(self, problem: Problem, mean_latency: float | None = None) -> dict:
         edge = {
@@ -39,11 +40,14 @@ class Placement:
             "latency_model": self.latency_model,
             "edge": edge,
         }
+        if self.dense is not None:
+            out["dense"] = {s: [problem.model_names[m] for m in np.nonzero(self.dense[n])[0]]
+                            for n, s in enumerate(problem.server_names)}
         if self.local is not None:
             out["local"] = {u: [list(k) for k in v] for u, v in self.local.items()}
         out["mean_token_latency_s"] = mean_latency
         out["solve_seconds"] = self.solve_seconds
-        used = problem.check_capacity(self.x)
+        used = problem.check_capacity(self.x, self.dense)
         out["edge_bytes_used"] = {s: float(used[n]) for n, s in enumerate(problem.server_names)}
         out.update({k: v for k, v in self.info.items() if k not in out})
         return out
@@ -61,8 +65,9 @@ class PlacementIn(BaseModel):
     format: Literal["slimcaching/placement@1"]
     algorithm: StrictStr = "manual"
     params: dict[StrictStr, Any] = Field(default_factory=dict)
-    latency_model: Literal["slimcaching", "u-shaped"] = "slimcaching"
+    latency_model: Literal["slimcaching", "u-shaped", "u-shaped-partial", "hybrid"] = "slimcaching"
     edge: dict[StrictStr, list[_Item]]
+    dense: dict[StrictStr, list[StrictStr]] | None = None
     local: dict[StrictStr, list[_Item]] | None = None
     mean_token_latency_s: _Finite | None = None
     solve_seconds: Annotated[_Finite, Field(ge=0)] = 0.0
@@ -83,6 +88,7 @@ class PlacementIn(BaseModel):
     bound_method: StrictStr | None = None
     bound_seconds: Annotated[_Finite, Field(ge=0)] | None = None
     u_shaped: dict[StrictStr, Any] | None = None
+    architectures: dict[StrictStr, Any] | None = None
 
 
 def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -> Placement:
@@ -120,10 +126,25 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
             if x[sidx[server], i]:
                 raise ScenarioError(f, "listed twice", list(key))
             x[sidx[server], i] = True
-    used = problem.check_capacity(x)
+    dense = None
+    if pin.dense is not None:
+        dense = np.zeros((problem.n_servers, len(problem.model_names)), bool)
+        for server, names in pin.dense.items():
+            if server not in sidx:
+                raise ScenarioError(f"{where}.dense", "unknown server", server)
+            for j, mn in enumerate(names):
+                if mn not in models:
+                    raise ScenarioError(f"{where}.dense.{server}[{j}]", "unknown model", mn)
+                mi = problem.model_names.index(mn)
+                if dense[sidx[server], mi]:
+                    raise ScenarioError(f"{where}.dense.{server}[{j}]", "listed twice", mn)
+                dense[sidx[server], mi] = True
+    used = problem.check_capacity(x, dense)
     for n, s in enumerate(problem.server_names):
         if used[n] > problem.capacity[n] * (1 + 1e-9) + 1e-6:
-            raise ScenarioError(f"{where}.edge.{s}", f"uses {used[n]:.6g} bytes, capacity is {problem.capacity[n]:.6g}")
+            what = "edge and dense parts" if dense is not None and dense[n].any() else "edge"
+            raise ScenarioError(f"{where}.edge.{s}", f"uses {used[n]:.6g} bytes ({what}), capacity is "
+                                f"{problem.capacity[n]:.6g}")
     local = None
     if pin.local is not None:
         local = {}
@@ -140,11 +161,12 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
             local[u] = [tuple(k) for k in items]
     info = {k: v for k, v in pin.model_dump(exclude_none=True).items() if k in _INFO_KEYS}
     return Placement(x=x, algorithm=pin.algorithm, params=pin.params, local=local,
-                     solve_seconds=float(pin.solve_seconds), latency_model=pin.latency_model, info=info)
+                     solve_seconds=float(pin.solve_seconds), latency_model=pin.latency_model, info=info, dense=dense)
 
 
 _INFO_KEYS = {"status", "message", "variables", "constraints", "bound_s", "lp_bound_s", "objective_s", "gap",
-              "optimal", "note", "u_shaped", "warm_start_s", "lower_bound_s", "bound_method", "bound_seconds"}
+              "optimal", "note", "u_shaped", "architectures", "warm_start_s", "lower_bound_s", "bound_method",
+              "bound_seconds"}
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:

@@ -6,7 +6,12 @@ resolved) and is what algorithms and the evaluator work on. Notation follows the
 - items: every (model, layer, expert), global index ``i``; ``item_size[i] = s_m``;
 - ``holder_cost[h, n, m] = c_{h,n} + t_n`` (home h, server n, model m), ``inf`` if unreachable;
 - ``cloud_cost[h, m] = c_{h,cloud} + t_cloud``;
-- users with equal home, link and device parameters, workload and local cache form one *class*;
+- *homes* (SPEC section 6, multi-connectivity): index h < N is server h seen by a user whose radio
+  reaches only h. A user that also ``reach``es other servers gets a *virtual home* h >= N with
+  ``holder_cost[h, n, m] = min over v in V_u of (a_{u,v} - a_{u,home} + c_{v,n} + t_n)`` (and the same
+  for the cloud), so that ``a_{u,home} + r[h, e]`` is SPEC section 6's q_e: every algorithm that reads
+  ``holder_cost``/``cloud_cost`` by home handles reach unchanged. ``home_server[h]`` is the real home;
+- users with equal home, link and device parameters, reach, workload and local cache form one *class*;
 - *rows*: one per (class, workload entry, layer, co-activation set). ``row_items`` holds the set's
   experts that are *not* in the class's local cache (padded with the sentinel ``n_items``, whose
   remote cost is -inf), ``row_access`` is a_u, ``row_local`` is t_u if some expert of the set is
@@ -73,8 +78,8 @@ class Problem:
     item_size: np.ndarray
     model_offset: np.ndarray
     capacity: np.ndarray
-    holder_cost: np.ndarray  # [N, N, M]
-    cloud_cost: np.ndarray  # [N, M]
+    holder_cost: np.ndarray  # [H, N, M], H >= N homes (virtual homes for users with reach)
+    cloud_cost: np.ndarray  # [H, M]
     server_exec: np.ndarray  # [N, M]
     cloud_exec: np.ndarray  # [M]
     # classes
@@ -102,7 +107,34 @@ class Problem:
     entry_weight: np.ndarray  # objective weight of the entry (lambda_u w / total)
     dense_term: float  # sum of weighted dense execution times
     total_rate: float
+    home_server: np.ndarray = None  # [H] the real home server of each home
+    home_relay: np.ndarray = None  # [H, N, M] relay part of holder_cost (c_{h,n}, access deltas included)
+    home_cloud_relay: np.ndarray = None  # [H, M] relay part of cloud_cost
+    access_delta: np.ndarray = None  # [H, N, M] a_{u,v} - a_{u,home} for v in V_u, inf otherwise
+    entry_profile: list = None  # profile name of each workload entry
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        n = len(self.server_names)
+        if self.home_server is None:  # problems built by hand: no virtual homes
+            self.home_server = np.arange(self.holder_cost.shape[0]) % max(n, 1)
+        if self.home_relay is None:
+            self.home_relay = self.holder_cost - self.server_exec[None, :, :]
+        if self.home_cloud_relay is None:
+            self.home_cloud_relay = self.cloud_cost - self.cloud_exec[None, :]
+        if self.access_delta is None:
+            d = np.full(self.holder_cost.shape, INF)
+            for h in range(self.holder_cost.shape[0]):
+                d[h, self.home_server[h], :] = 0.0
+            self.access_delta = d
+
+    @property
+    def n_homes(self) -> int:
+        return int(self.holder_cost.shape[0])
+
+    @property
+    def class_server(self) -> np.ndarray:
+        return self.home_server[self.class_home]
 
     @property
     def n_items(self) -> int:
@@ -129,7 +161,7 @@ class Problem:
 
         With ``return_source`` also a bool array: True where the cloud is the best holder.
         """
-        n, ni = self.n_servers, self.n_items
+        n, ni = self.n_homes, self.n_items
         r = np.empty((n, ni + 1))
         r[:, ni] = -INF
         base = self.cloud_cost[:, self.item_model]  # [N, I]
@@ -176,6 +208,10 @@ class Problem:
         idx, weight = idx[order], weight[order]
         out = copy.copy(self)
         out._cache = {"is_compact": True}
+        if len(self.row_class) and self.row_class[0] >= 0:  # per-pair latencies need the per-class rows
+            out._cache["per_class"] = self
+        elif "per_class" in self._cache:
+            out._cache["per_class"] = self._cache["per_class"]
         out.row_items = self.row_items[idx]
         out.row_model = self.row_model[idx]
         out.row_layer = self.row_layer[idx]
@@ -188,12 +224,21 @@ class Problem:
         self._cache["compact"] = out
         return out
 
-    def check_capacity(self, x: np.ndarray) -> np.ndarray:
-        """Bytes used per server (raises nothing; callers compare with ``capacity``)."""
-        return x.astype(float) @ self.item_size
+    @property
+    def dense_bytes(self) -> np.ndarray:
+        """[M] bytes of each model's dense part (what a split-style server stores besides experts)."""
+        return np.array([m.dense_bytes for m in self.scenario.models], float)
 
-    def feasible(self, x: np.ndarray) -> bool:
-        return bool(np.all(self.check_capacity(x) <= self.capacity * (1 + 1e-9) + 1e-6))
+    def check_capacity(self, x: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
+        """Bytes used per server, dense parts ``dense`` [N, M] included (raises nothing; callers
+        compare with ``capacity``)."""
+        used = x.astype(float) @ self.item_size
+        if dense is not None:
+            used = used + dense.astype(float) @ self.dense_bytes
+        return used
+
+    def feasible(self, x: np.ndarray, dense: np.ndarray | None = None) -> bool:
+        return bool(np.all(self.check_capacity(x, dense) <= self.capacity * (1 + 1e-9) + 1e-6))
 
 
 def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
@@ -243,15 +288,17 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
                              for m in models] for s in servers]).reshape(n, len(models))
     cloud_exec = np.array([exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
                            for m in models])
-    holder_cost = c_edge + server_exec[None, :, :]
-    cloud_cost = c_cloud + cloud_exec[None, :]
+    home_server = np.arange(n)
+    access_delta = np.full((n, n, len(models)), INF)
+    access_delta[np.arange(n), np.arange(n), :] = 0.0
+    home_relay, home_cloud_relay = c_edge, c_cloud
 
     # --- aggregate users into classes
     keys: dict[tuple, int] = {}
     class_users: list[list[int]] = []
     for ui, u in enumerate(sc.users):
         key = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth,
-               tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)))
+               tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)), u.reach)
         if key not in keys:
             keys[key] = len(class_users)
             class_users.append([])
@@ -267,9 +314,24 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     class_local = np.zeros((nc, ni + 1), dtype=bool)
     kmax = max(m.top_k for m in models)
     entries: list[tuple[int, int, float, float, str]] = []  # class, model, weight, share in model, profile
+    virtual: dict[tuple, int] = {}  # (home, own link, reach) -> virtual home index
+    home_delta: list[np.ndarray] = []  # per virtual home: [N, M] access deltas
     for c, members in enumerate(class_users):
         u = sc.users[members[0]]
         class_home[c] = sidx[u.home]
+        if u.reach:
+            vkey = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.reach)
+            if vkey not in virtual:
+                virtual[vkey] = n + len(home_delta)
+                d = np.full((n, len(models)), INF)
+                for mi, m in enumerate(models):
+                    bits = 8.0 * m.hidden_bytes
+                    a_home = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+                    d[sidx[u.home], mi] = 0.0
+                    for rv in u.reach:
+                        d[sidx[rv.server], mi] = bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s - a_home
+                home_delta.append(d)
+            class_home[c] = virtual[vkey]
         lam = sum(sc.users[k].rate for k in members)
         class_rate[c] = lam
         for mi, m in enumerate(models):
@@ -287,6 +349,14 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
             class_model_weight[c, mi] += lam * w.weight / total_rate
             if w.weight > 0:
                 entries.append((c, mi, lam * w.weight / total_rate, w.weight / model_w[w.model], w.profile))
+    if home_delta:  # virtual homes: the best reached server per (holder, model), SPEC section 6
+        delta = np.stack(home_delta)  # [V, N(v), M]
+        home_server = np.concatenate([home_server, [sidx[k[0]] for k in virtual]])
+        access_delta = np.concatenate([access_delta, delta])
+        home_relay = np.concatenate([c_edge, (delta[:, :, None, :] + c_edge[None, :, :, :]).min(axis=1)])
+        home_cloud_relay = np.concatenate([c_cloud, (delta + c_cloud[None, :, :]).min(axis=1)])
+    holder_cost = home_relay + server_exec[None, :, :]
+    cloud_cost = home_cloud_relay + cloud_exec[None, :]
     # rows, vectorised per profile over all entries that use it
     by_profile: dict[str, list[int]] = {}
     for k, e in enumerate(entries):
@@ -355,7 +425,8 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         entry_class=np.array([e[0] for e in entries], np.int64),
         entry_model=np.array([e[1] for e in entries], np.int64),
         entry_weight=np.array([e[2] for e in entries], float),
-        dense_term=dense_term, total_rate=total_rate,
+        dense_term=dense_term, total_rate=total_rate, home_server=home_server, home_relay=home_relay,
+        home_cloud_relay=home_cloud_relay, access_delta=access_delta, entry_profile=[e[4] for e in entries],
     )
     if merge_rows:
         out._cache["merged_rows"] = True

@@ -101,12 +101,15 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
             busy[s] += service
             end = max(end, server_free[s] + c_edge[h, s, m] / 2 + a / 2)
         if cloud:
-            arrive = now + a / 2
-            service = 2.0 * bits[m] / backhaul_rate[h]
-            start = max(arrive, backhaul_free[h])
-            backhaul_free[h] = start + service
-            backhaul_busy[h] += service
-            end = max(end, backhaul_free[h] + backhaul_rtt[h] + problem.cloud_exec[m] + a / 2)
+            # the cloud through the reached server with the cheapest backhaul (the home without reach)
+            v = int(np.argmin(problem.access_delta[h, :, m] + problem.home_cloud_relay[:n, m]))
+            a_v = a + problem.access_delta[h, v, m]
+            arrive = now + a_v / 2
+            service = 2.0 * bits[m] / backhaul_rate[v]
+            start = max(arrive, backhaul_free[v])
+            backhaul_free[v] = start + service
+            backhaul_busy[v] += service
+            end = max(end, backhaul_free[v] + backhaul_rtt[v] + problem.cloud_exec[m] + a_v / 2)
         heapq.heappush(heap, (end, t, step + 1))
     keep = latency[int(warmup * tokens):]
     horizon = float(arrivals[-1]) if tokens else 1.0

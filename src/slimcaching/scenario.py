@@ -94,6 +94,15 @@ class WorkloadIn(_Strict):
     profile: str
 
 
+class ReachIn(_Strict):
+    """A server the user's radio reaches directly besides its home (SPEC section 6)."""
+
+    server: str
+    uplink_bps: BitRate
+    downlink_bps: BitRate
+    rtt_s: Seconds
+
+
 class UserFields(_Strict):
     uplink_bps: BitRate
     downlink_bps: BitRate
@@ -104,6 +113,7 @@ class UserFields(_Strict):
     rate: TokenRate = 1.0
     workload: list[WorkloadIn] = Field(min_length=1)
     local_cache: list[tuple[str, int, int]] | None = None
+    reach: list[ReachIn] | None = None
 
 
 class UserIn(UserFields):
@@ -193,6 +203,14 @@ class WorkloadEntry:
     profile: str
 
 
+@dataclass(frozen=True)
+class Reach:
+    server: str
+    uplink_bps: float
+    downlink_bps: float
+    rtt_s: float
+
+
 @dataclass
 class User:
     name: str
@@ -206,6 +224,7 @@ class User:
     rate: float
     workload: list[WorkloadEntry]
     local_cache: list[tuple[str, int, int]] | None = None
+    reach: tuple[Reach, ...] = ()
 
 
 @dataclass
@@ -544,6 +563,14 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
             raise ScenarioError(f"{where}.workload", f"weights sum to {total!r}, not 1")
         if u.local_cache is not None:
             _check_local_cache(u, mby, where)
+        seen_reach = {u.home}
+        for j, r in enumerate(u.reach):
+            if r.server not in snames:
+                raise ScenarioError(f"{where}.reach[{j}].server", "unknown server", r.server)
+            if r.server in seen_reach:
+                raise ScenarioError(f"{where}.reach[{j}].server",
+                                    "listed twice (or is the home, whose link is the user's own fields)", r.server)
+            seen_reach.add(r.server)
         if sin.local_policy == "explicit" and u.local_cache is None:
             raise ScenarioError(f"{where}.local_cache", "local_policy is 'explicit' but no cache given")
 
@@ -555,9 +582,13 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
         if start < len(users):
             col.run(check_user, start, users[start])
             homes = [s.name for s in servers] if g.homes == "all" else list(g.homes)
+            reach_servers = {r.server for r in g.reach or ()}
             for h in homes[1:]:
                 if h not in snames:
                     col.errors.append(ScenarioError(f"user_groups[{gi}].homes", "unknown home server", h))
+                elif h in reach_servers:
+                    col.errors.append(ScenarioError(f"user_groups[{gi}].reach",
+                                                    "lists a server that is also a member's home", h))
         start += g.count if (g.homes == "all" and servers) or (g.homes != "all" and g.homes) else 0
     col.raise_if_any()
     sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth), servers, links, users,
@@ -591,7 +622,8 @@ def _check_finite_latencies(sc: Scenario, sin: ScenarioIn) -> None:
             finite(bits / ln.rate_bps + ln.rtt_s / 2, f"server_links[{i}].rate_bps", "the link time")
     checked: set = set()
     for i, u in enumerate(sc.users):
-        key = (u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth, tuple(w.model for w in u.workload))
+        key = (u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth, tuple(w.model for w in u.workload),
+               tuple((r.uplink_bps, r.downlink_bps, r.rtt_s) for r in u.reach))
         if key in checked:
             continue
         checked.add(key)
@@ -605,6 +637,9 @@ def _check_finite_latencies(sc: Scenario, sin: ScenarioIn) -> None:
                    f"the device's time for one expert of {m.name!r}")
             finite(bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s, f"{where}.uplink_bps",
                    "the access round trip")
+            for j, r in enumerate(u.reach):
+                finite(bits / r.uplink_bps + bits / r.downlink_bps + r.rtt_s, f"{where}.reach[{j}].uplink_bps",
+                       "the access round trip")
 
 
 def _unique(names: list[str], where: str) -> None:
@@ -692,6 +727,7 @@ def _make_user(name: str, home: str, f: UserFields, where: str) -> User:
         flops=f.flops, mem_bandwidth=f.mem_bandwidth, cache_bytes=f.cache_bytes, rate=f.rate,
         workload=[WorkloadEntry(w.model, float(w.weight), w.profile) for w in f.workload],
         local_cache=[(str(a), int(b), int(c)) for a, b, c in f.local_cache] if f.local_cache is not None else None,
+        reach=tuple(Reach(r.server, r.uplink_bps, r.downlink_bps, r.rtt_s) for r in f.reach or ()),
     )
 
 
@@ -760,7 +796,9 @@ def canonical_dict(sc: Scenario) -> dict:
                  "rate": _num(u.rate),
                  "workload": [{"model": w.model, "weight": _num(w.weight), "profile": w.profile}
                               for w in u.workload],
-                 "local_cache": [[m, int(layer), int(e)] for m, layer, e in u.local_cache]})
+                 "local_cache": [[m, int(layer), int(e)] for m, layer, e in u.local_cache],
+                 "reach": [{"server": r.server, "uplink_bps": _num(r.uplink_bps), "downlink_bps": _num(r.downlink_bps),
+                            "rtt_s": _num(r.rtt_s)} for r in u.reach] or None})
             for u in sc.users
         ],
     }

@@ -14,8 +14,19 @@ import numpy as np
 from slimcaching.problem import Problem
 
 
-def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0) -> dict:
+def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0, dense: np.ndarray | None = None,
+                    latency_model: str = "slimcaching") -> dict:
+    """Draw tokens; each (user, model) pair is served as ``latency_model`` serves it under
+    (x, dense) (SPEC section 6): SlimCaching-style tokens draw a set per layer as above; a token
+    split through server n draws the same sets and pays the access, relay and dense time once and
+    the slowest expert of each set seen from n; a token split through the cloud pays its constant."""
+    from slimcaching.architectures import CLOUD, SLIM, pair_options, profile_sets, serve
+
     rng = np.random.default_rng(seed)
+    choice = None
+    if latency_model != "slimcaching":
+        opts = pair_options(problem, x, slim=latency_model == "hybrid")
+        choice, pair_lat = serve(problem, opts, dense, latency_model)
     r, src_cloud = problem.remote_cost(x, return_source=True)
     hi = problem.row_home[:, None]
     lat_row = np.maximum(problem.row_local, problem.row_access + r[hi, problem.row_items].max(axis=1))
@@ -29,10 +40,40 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0)
     block_entry = problem.row_entry[starts[:-1]]
     samples = []
     shares = []  # per token: fraction of its layers all-local / edge only / needing the cloud
+    analytic = 0.0
+    entry_rows = np.bincount(problem.row_entry, weights=problem.row_weight * lat_row, minlength=len(counts))
     for e, n in enumerate(counts):
+        c, mi = problem.entry_class[e], problem.entry_model[e]
+        how = SLIM if choice is None else int(choice[c, mi])
+        if how != SLIM:  # split-style: the entry's own sets, seen from the split server
+            items, layer, prob = profile_sets(problem, problem.entry_profile[e])
+            if how == CLOUD:
+                const, worst = opts.cloud[c, mi], None
+            else:
+                const = opts.split_access[c, mi, how] + opts.split_dense[how, mi]
+                worst = r[how][items].max(axis=1)
+                cloud_row = src_cloud[how][items].any(axis=1)
+            analytic += problem.entry_weight[e] * (const + (0.0 if worst is None else float(prob @ worst)))
+            if n == 0:
+                continue
+            total = np.full(n, const)
+            share = np.zeros((n, 3))
+            if worst is None:
+                share[:, 2] = 1.0
+            else:
+                cuts = np.concatenate([[0], np.nonzero(np.diff(layer))[0] + 1, [len(layer)]])
+                for lo, hi_ in zip(cuts[:-1], cuts[1:]):
+                    pl = prob[lo:hi_]
+                    pick = lo + rng.choice(hi_ - lo, size=n, p=pl / pl.sum())
+                    total += worst[pick]
+                    share += np.stack([np.zeros(n), ~cloud_row[pick], cloud_row[pick]], axis=1)
+                share /= max(len(cuts) - 1, 1)
+            samples.append(total)
+            shares.append(share)
+            continue
+        analytic += entry_rows[e] + problem.entry_weight[e] * problem.class_dense[c, mi]
         if n == 0:
             continue
-        c, mi = problem.entry_class[e], problem.entry_model[e]
         total = np.full(n, problem.class_dense[c, mi])
         share = np.zeros((n, 3))
         blocks = np.nonzero(block_entry == e)[0]
@@ -51,8 +92,10 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0)
         "seed": int(seed),
         "mean_token_latency_s": float(lat.mean()),
         "standard_error_s": float(lat.std(ddof=1) / np.sqrt(len(lat))) if len(lat) > 1 else 0.0,
-        "analytic_mean_token_latency_s": float(problem.row_weight @ lat_row + problem.dense_term)
-        / float(problem.entry_weight.sum()) if problem.entry_weight.sum() else 0.0,
+        "analytic_mean_token_latency_s": (float(problem.row_weight @ lat_row + problem.dense_term)
+                                          if choice is None else analytic) / float(problem.entry_weight.sum())
+        if problem.entry_weight.sum() else 0.0,
+        "latency_model": latency_model,
         "p50_s": float(np.percentile(lat, 50)),
         "p95_s": float(np.percentile(lat, 95)),
         "p99_s": float(np.percentile(lat, 99)),

@@ -32,7 +32,7 @@ class AlgorithmSpec:
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
-_MODULES = ("baselines", "greedy", "slimcaching", "u_shaped", "exact")
+_MODULES = ("baselines", "greedy", "slimcaching", "u_shaped", "hybrid", "exact")
 
 
 def register(name: str, summary: str):
@@ -51,7 +51,7 @@ def _load_all() -> None:
 def algorithm_names() -> list[str]:
     _load_all()
     order = ["slimcaching", "slimcaching-fast", "greedy-k1", "greedy", "lfu", "random", "none",
-             "u-shaped", "exact"]
+             "u-shaped", "u-shaped-partial", "slimcaching-hybrid", "exact"]
     return [n for n in order if n in ALGORITHMS] + sorted(set(ALGORITHMS) - set(order))
 
 
@@ -78,6 +78,9 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "relax": (bool, None, None, True),
     "warm_start": (bool, None, None, True),
     "order": (str, None, None, True),
+    "inner": (str, None, None, True),
+    "rounds": (int, 0, 1000, True),
+    "moves": (int, 0, 1_000_000, True),
 }
 
 
@@ -142,8 +145,9 @@ def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
     t0 = time.perf_counter()
     placement = spec.fn(problem.compact(), **kw)
     placement.solve_seconds = time.perf_counter() - t0
-    if placement.x.shape != (problem.n_servers, problem.n_items) or not problem.feasible(placement.x):
-        used = problem.check_capacity(placement.x)
+    if placement.x.shape != (problem.n_servers, problem.n_items) or not problem.feasible(placement.x,
+                                                                                         placement.dense):
+        used = problem.check_capacity(placement.x, placement.dense)
         worst = int((used - problem.capacity).argmax())
         raise SolverBug(f"{name} returned a placement over capacity on server {problem.server_names[worst]} "
                         f"({used[worst]:.6g} > {problem.capacity[worst]:.6g} bytes); nothing was written")

@@ -66,10 +66,11 @@ class Decomposition:
         self.g_e = experts[self.g_model]
         ng = len(self.g_start)
         # rows of group g with home h: home_ptr[g, h] .. home_ptr[g, h + 1]
-        self.home_ptr = np.empty((ng, ns + 1), np.int64)
+        nh = p.n_homes
+        self.home_ptr = np.empty((ng, nh + 1), np.int64)
         for g in range(ng):
             a, b = self.g_start[g], self.g_end[g]
-            self.home_ptr[g] = a + np.searchsorted(p.row_home[a:b], np.arange(ns + 1))
+            self.home_ptr[g] = a + np.searchsorted(p.row_home[a:b], np.arange(nh + 1))
         # reach[n, h, m]: server n beats the cloud for home h and model m
         self.reach = np.transpose(p.holder_cost, (1, 0, 2)) < p.cloud_cost[None, :, :]
         self.version = np.zeros(ng, np.int64)

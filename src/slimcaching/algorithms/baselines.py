@@ -24,7 +24,9 @@ def request_scores(problem: Problem) -> np.ndarray:
     ni = problem.n_items
     score = np.zeros((problem.n_servers, ni + 1))
     rows, cols = np.nonzero(problem.row_items < ni)
-    np.add.at(score, (problem.row_home[rows], problem.row_items[rows, cols]), problem.row_weight[rows])
+    # users with reach count for their home server (the one that caches for them in LFU)
+    np.add.at(score, (problem.home_server[problem.row_home[rows]], problem.row_items[rows, cols]),
+              problem.row_weight[rows])
     return score[:, :ni]
 
 

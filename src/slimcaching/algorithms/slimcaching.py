@@ -45,7 +45,7 @@ from slimcaching.problem import Problem
 def server_order(problem: Problem, order: str | list | None) -> list[int]:
     n = problem.n_servers
     if order in (None, "rate", ""):
-        rate = np.bincount(problem.class_home, weights=problem.class_rate, minlength=n)
+        rate = np.bincount(problem.class_server, weights=problem.class_rate, minlength=n)
         return sorted(range(n), key=lambda s: (-rate[s], s))
     if order == "index":
         return list(range(n))

@@ -1,25 +1,34 @@
-"""``u-shaped``: the paper's U-shaped split-inference baseline (SPEC section 4).
+"""Split-inference baselines (SPEC sections 4 and 6): ``u-shaped`` and ``u-shaped-partial``.
 
-The device sends the hidden state once per token to its home server h, which runs every layer
-(its dense part granted outside Q_h) and returns the result. An expert cached at h runs there
-(t_h); any other comes from its best other holder (another server over the server links, or the
-cloud). Home caches are filled by ``lfu`` computed without device caches. Per token:
+Split-style serving: the device sends the hidden state once per token to a server that runs the
+dense part and every MoE layer and returns the result (one access round trip per token). A
+server can do so for a model only if it stores the model's dense part, counted against Q_n like
+experts (see :mod:`slimcaching.architectures` for the latency of each option).
 
-    a_u + exec_h(dense) + sum_l sum_S p(S) max_{e in S} r'_e,
-
-and r'_e is exactly the remote cost r_e of SPEC section 3 seen from h, because c_{h,h} = 0.
+- ``u-shaped`` (the paper's baseline): servers host whole models (dense part and every expert).
+  Per server, which models to host is a 0/1 knapsack maximising the rate-weighted latency
+  reduction of its home users over split inference in the cloud; each (user, model) is then served
+  by the best of the cloud and the servers hosting the model.
+- ``u-shaped-partial`` (what ``u-shaped`` was before SPEC section 6, now storage-honest): the home
+  server stores the dense parts of the models its users run, in descending home token rate while
+  they fit, then fills the rest with ``lfu`` experts (requests counted without device caches). A
+  pair whose dense part is at home is served split-style there, any other by the cloud.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 
 from slimcaching.algorithms import register
-from slimcaching.algorithms.baselines import lfu
+from slimcaching.algorithms.baselines import request_scores
+from slimcaching.architectures import mean_latency, pair_options, serve
 from slimcaching.placement import Placement
-from slimcaching.problem import Problem, build_problem, exec_time
+from slimcaching.problem import Problem, build_problem
+
+MAX_SUBSET_MODELS = 16  # exhaustive knapsack over models up to this many; greedy by density beyond
 
 
 def without_local_caches(problem: Problem) -> Problem:
@@ -31,40 +40,106 @@ def without_local_caches(problem: Problem) -> Problem:
             nu = copy.copy(u)
             nu.local_cache = []
             sc.users.append(nu)
-        problem._cache["no_local"] = build_problem(sc)
+        problem._cache["no_local"] = build_problem(sc, merge_rows=True)
     return problem._cache["no_local"]
 
 
-def u_shaped_breakdown(problem: Problem, x: np.ndarray) -> dict:
-    """Mean per-token latency (and parts) of U-shaped inference under home caches ``x``."""
-    q = without_local_caches(problem)
-    sc = q.scenario
-    r, src_cloud = q.remote_cost(x, return_source=True)
-    worst = r[q.row_home[:, None], q.row_items].max(axis=1)
-    needs_cloud = src_cloud[q.row_home[:, None], q.row_items].any(axis=1)
-    dense_home = np.array([[exec_time(m.dense_flops, m.dense_bytes, s.flops, s.mem_bandwidth)
-                            for m in sc.models] for s in sc.servers])
-    c, mi = q.entry_class, q.entry_model
-    per_token = q.class_access[c, mi] + dense_home[q.class_home[c], mi]
-    fixed = float(q.entry_weight @ per_token)
-    layers = float(q.row_weight @ worst)
-    hidden = np.array([m.hidden_bytes for m in sc.models])
-    return {
-        "mean_token_latency_s": fixed + layers,
-        "access_and_dense_s": fixed,
-        "expert_layers_s": layers,
-        "access_bytes_per_token": float(q.entry_weight @ (2.0 * hidden[mi]) / q.entry_weight.sum()),
-        "backhaul_bytes_per_token": float(q.row_weight @ (needs_cloud * 2.0 * hidden[q.row_model])
-                                          / q.entry_weight.sum()),
-    }
+def _knapsack_models(value: np.ndarray, size: np.ndarray, capacity: float) -> np.ndarray:
+    """0/1 knapsack over a few models: exhaustive (ties: fewer bytes, then lower index)."""
+    m = len(value)
+    cand = [i for i in range(m) if value[i] > 0 and size[i] <= capacity * (1 + 1e-12)]
+    best, best_key = np.zeros(m, bool), (0.0, 0.0)
+    if len(cand) > MAX_SUBSET_MODELS:
+        order = sorted(cand, key=lambda i: (-value[i] / size[i], i))
+        free = capacity
+        for i in order:
+            if size[i] <= free * (1 + 1e-12):
+                best[i], free = True, free - size[i]
+        return best
+    for k in range(1, len(cand) + 1):
+        for combo in itertools.combinations(cand, k):
+            s = float(size[list(combo)].sum())
+            if s > capacity * (1 + 1e-12):
+                continue
+            key = (float(value[list(combo)].sum()), -s)
+            if key > best_key:
+                best_key, best = key, np.isin(np.arange(m), combo)
+    return best
 
 
-@register("u-shaped", "U-shaped split inference: one round trip per token, home server runs all layers")
+def whole_model_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(x, dense) of ``u-shaped``: per server, the knapsack of whole models for its home users."""
+    p = problem
+    ns, nm = p.n_servers, len(p.model_names)
+    whole = np.zeros((ns, nm), bool)
+    x = p.empty_placement()
+    items_of = [np.nonzero(p.item_model == m)[0] for m in range(nm)]
+    size = p.dense_bytes + np.array([p.item_size[it].sum() for it in items_of])
+    full = p.empty_placement()
+    for m in range(nm):
+        full[:, items_of[m]] = True
+    # split-style through n with the whole model at n: every expert at t_n
+    opts = pair_options(p, full, slim=False)
+    gain = np.maximum(opts.cloud[:, :, None] - opts.split, 0.0) * opts.weight[:, :, None]  # [C, M, N]
+    home = p.class_server
+    for n in range(ns):
+        value = gain[home == n, :, n].sum(axis=0)
+        whole[n] = _knapsack_models(value, size, float(p.capacity[n]))
+        for m in np.nonzero(whole[n])[0]:
+            x[n, items_of[m]] = True
+    return x, whole
+
+
+@register("u-shaped", "U-shaped split inference with whole models at servers (the paper's baseline)")
 def u_shaped(problem: Problem) -> Placement:
-    """U-shaped baseline; the placement carries ``latency_model: u-shaped``. O(N I log I)."""
-    q = without_local_caches(problem)
-    x = lfu(q).x
-    out = Placement(x, latency_model="u-shaped")
-    out.info["u_shaped"] = u_shaped_breakdown(problem, x)
-    out.info["mean_token_latency_s"] = out.info["u_shaped"]["mean_token_latency_s"]
+    """Whole-model split inference (SPEC section 6); the placement carries ``latency_model:
+    u-shaped`` and ``dense``. O(N (C M + 2^M)) with C user classes and M models."""
+    x, whole = whole_model_hosts(problem)
+    out = Placement(x, latency_model="u-shaped", dense=whole)
+    out.info["mean_token_latency_s"] = mean_latency(problem, x, whole, "u-shaped")
+    return out
+
+
+def partial_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(x, dense) of ``u-shaped-partial``."""
+    p = problem
+    ns, nm = p.n_servers, len(p.model_names)
+    dense = np.zeros((ns, nm), bool)
+    rate = np.zeros((ns, nm))
+    np.add.at(rate, p.class_server, p.class_model_weight)
+    free = p.capacity.astype(float).copy()
+    for n in range(ns):
+        for m in sorted(np.nonzero(rate[n] > 0)[0], key=lambda m: (-rate[n, m], m)):
+            if p.dense_bytes[m] <= free[n] * (1 + 1e-12):
+                dense[n, m] = True
+                free[n] -= p.dense_bytes[m]
+    # lfu experts in the rest (requests of home users, device caches ignored)
+    score = request_scores(without_local_caches(p))
+    x = p.empty_placement()
+    for n in range(ns):
+        useful = np.nonzero(score[n] > 0)[0]
+        for i in useful[np.lexsort((useful, -score[n, useful]))]:
+            if p.item_size[i] <= free[n] * (1 + 1e-12):
+                x[n, i] = True
+                free[n] -= p.item_size[i]
+    return x, dense
+
+
+@register("u-shaped-partial", "split inference at the home server: dense parts there, lfu experts in the rest")
+def u_shaped_partial(problem: Problem) -> Placement:
+    """Partial split inference (SPEC section 6): dense parts at home, counted against Q_n; the
+    placement carries ``latency_model: u-shaped-partial`` and ``dense``. O(N I log I)."""
+    x, dense = partial_hosts(problem)
+    out = Placement(x, latency_model="u-shaped-partial", dense=dense)
+    out.info["mean_token_latency_s"] = mean_latency(problem, x, dense, "u-shaped-partial")
+    return out
+
+
+def serving_summary(problem: Problem, x: np.ndarray, dense: np.ndarray | None, latency_model: str) -> dict:
+    """Share of the traffic served by each architecture."""
+    opts = pair_options(problem, x, slim=latency_model in ("hybrid", "slimcaching"))
+    choice, _ = serve(problem, opts, dense, latency_model)
+    w = opts.weight
+    out = {"slimcaching": float(w[choice == -2].sum()), "split_cloud": float(w[choice == -1].sum()),
+           "split_edge": float(w[choice >= 0].sum())}
     return out

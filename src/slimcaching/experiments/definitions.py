@@ -63,12 +63,28 @@ EXPERIMENTS: dict[str, Experiment] = {
     ]
 }
 
+REGIME_ALGOS = ("slimcaching", "u-shaped", "u-shaped-partial", "slimcaching-hybrid", "lfu", "none")
+REGIME_STORAGE = (0.5e9, 1e9, 2.5e9, 5e9, 10e9)
+REGIME_SECOND = {"rtt": (0.0, 2e-3, 5e-3, 10e-3, 20e-3), "uplink": (10e6, 25e6, 50e6, 100e6, 400e6)}
+REGIME_LABEL = {"rtt": "access RTT (ms)", "uplink": "user uplink (Mbit/s; downlink twice)"}
+EXPERIMENTS["regimes"] = Experiment(
+    "regimes", "regime",
+    tuple((g, s, v) for g in REGIME_SECOND for s in REGIME_STORAGE for v in REGIME_SECOND[g]),
+    tuple((g, s, v) for g in REGIME_SECOND for s in (0.5e9, 10e9) for v in REGIME_SECOND[g][::4]),
+    "edge storage per server (GB)", algorithms=REGIME_ALGOS, x_of="GB",
+    description="Which serving architecture wins where: grids of edge storage per server x access RTT and "
+    "edge storage x uplink rate (SPEC section 6). Per cell: SlimCaching-style (`slimcaching`, `lfu`, `none`), "
+    "split-style with whole models (`u-shaped`) or dense parts at home (`u-shaped-partial`), and the "
+    "`slimcaching-hybrid` that chooses per (user, model).")
+
 QUICK_BASE = {"users": 16, "servers": 3, "profile_tokens": 200}
 
 
 def x_value(exp: Experiment, value) -> float:
     if exp.option == "size":
         return float(value[1])
+    if exp.option == "regime":
+        return float(value[1]) / 1e9
     if exp.x_of == "GB":
         return float(value) / 1e9
     if exp.x_of == "Mbit/s":
@@ -82,6 +98,13 @@ def apply_point(exp: Experiment, value, quick: bool) -> dict:
     over.update(exp.base)
     if exp.option == "size":
         over.update(_size(*value))
+    elif exp.option == "regime":
+        grid, storage, second = value
+        over["capacity"] = float(storage)
+        if grid == "rtt":
+            over["access_rtt"] = float(second)
+        else:
+            over.update(uplink=float(second), downlink=2.0 * float(second))
     elif exp.option == "uplink":
         over.update(uplink=float(value), downlink=2.0 * float(value))
     else:

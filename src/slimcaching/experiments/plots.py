@@ -15,7 +15,7 @@ from slimcaching.experiments.definitions import EXPERIMENTS, Experiment
 PAPER_HEADLINE = {"greedy": 16.7, "lfu": 19.5}  # % lower latency than Greedy / LFU at 2.5 GB (the paper)
 STYLE = {"slimcaching": ("C0", "o"), "slimcaching-fast": ("C9", "s"), "greedy": ("C1", "^"), "lfu": ("C2", "v"),
          "random": ("C7", "x"), "u-shaped": ("C3", "D"), "none": ("k", "."), "exact": ("C4", "*"),
-         "greedy-k1": ("C5", "<")}
+         "greedy-k1": ("C5", "<"), "u-shaped-partial": ("C8", "P"), "slimcaching-hybrid": ("C6", "h")}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -70,8 +70,15 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
     ax.set_title(f"{exp.name}: {exp.ylabel.split(' (')[0]} (mean, 95% CI over seeds)", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    return save_figure(fig, out, exp.name)
+
+
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    """Write ``name``.png and .svg into ``out`` and close the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    paths = [out / f"{exp.name}.png", out / f"{exp.name}.svg"]
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
     for p in paths:
         fig.savefig(p)
     plt.close(fig)
@@ -164,14 +171,74 @@ def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = 
     return "\n".join(lines)
 
 
-def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: str = "default scenario") -> None:
+HEADLINE_VARIANTS = (
+    ("default (random homes, one access link each, 5 ms access RTT)", {}),
+    ("geometric layout, each user reaches its nearest server only", {"reach": 1}),
+    ("geometric, each user reaches its two nearest servers (multi-connectivity)", {"reach": 2}),
+    ("geometric, two nearest servers, zero access RTT (transmission only)", {"reach": 2, "access_rtt": 0.0}),
+)
+
+
+def headline_variants(quick: bool, seed: int = 0) -> list[tuple[str, dict[str, float]]]:
+    """Latency (ms) at 2.5 GB of slimcaching, greedy, lfu, u-shaped and the hybrid under each variant of
+    :data:`HEADLINE_VARIANTS` (what moves the paper's headline numbers)."""
+    from slimcaching.algorithms import solve
+    from slimcaching.architectures import mean_latency
+    from slimcaching.experiments.definitions import QUICK_BASE
+    from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.problem import build_problem
+    from slimcaching.scenario import resolve_scenario
+
+    out = []
+    for label, over in HEADLINE_VARIANTS:
+        kw = dict(QUICK_BASE) if quick else {}
+        kw.update(over, capacity=2.5e9, seed=seed)
+        problem = build_problem(resolve_scenario(generate_scenario_dict(GeneratorOptions(), **kw)))
+        lat = {}
+        for a in ("slimcaching", "greedy", "lfu", "u-shaped", "slimcaching-hybrid"):
+            pl = solve(problem, a)
+            lat[a] = 1e3 * mean_latency(problem, pl.x, pl.dense, pl.latency_model)
+        out.append((label, lat))
+    return out
+
+
+def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
+    lines = ["## The headline under other assumptions (2.5 GB, seed 0)", "",
+             "| scenario | slimcaching ms | vs Greedy | vs LFU | u-shaped ms | hybrid ms |",
+             "|---|---|---|---|---|---|",
+             f"| the paper | | {PAPER_HEADLINE['greedy']}% lower | {PAPER_HEADLINE['lfu']}% lower | | |"]
+    for label, lat in variants:
+        s = lat["slimcaching"]
+        lines.append(f"| {label} | {s:.4g} | {100 * (lat['greedy'] - s) / lat['greedy']:.1f}% lower | "
+                     f"{100 * (lat['lfu'] - s) / lat['lfu']:.1f}% lower | {lat['u-shaped']:.4g} | "
+                     f"{lat['slimcaching-hybrid']:.4g} |")
+    lines += ["", "What moves the numbers: the per-layer access round trip (every SlimCaching-style layer that "
+              "is not all-local pays it; split-style serving pays it once per token), how many servers a user "
+              "reaches (multi-connectivity lets a layer's experts come from the best reached server without a "
+              "relay), and whether whole models fit at the edge (with the cloud as split server the U-shaped "
+              "baseline pays one backhaul round trip per token instead of one per layer).", ""]
+    return lines
+
+
+def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: str = "default scenario",
+                  quick: bool = False) -> None:
     from slimcaching.fileio import atomic_write
 
     rows = read_rows(csv_path)
+    if exp.option == "regime":
+        from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
+
+        table = regime_table(rows)
+        plot_regimes(exp, table, out)
+        atomic_write(out / f"{exp.name}.md", regime_summary(exp, rows, table, scenario_label))
+        return
     agg = aggregate(rows, exp.metric)
     if agg:
         plot(exp, agg, out)
-    atomic_write(out / f"{exp.name}.md", summary(exp, rows, agg, scenario_label))
+    text = summary(exp, rows, agg, scenario_label)
+    if exp.name == "capacity" and scenario_label == "default scenario":
+        text += "\n".join(headline_lines(headline_variants(quick)))
+    atomic_write(out / f"{exp.name}.md", text)
 
 
 def _inline(text: str) -> str:

@@ -252,5 +252,5 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
         from slimcaching.scenario import load_scenario
 
         label = f"scenario {load_scenario(scenario_path).name!r} ({Path(scenario_path).name})"
-    write_outputs(exp, path, out, label)
+    write_outputs(exp, path, out, label, quick=quick)
     return path
