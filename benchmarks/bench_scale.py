@@ -20,6 +20,7 @@ import sys
 import time
 
 import numpy as np
+from _fit import slope, write_results
 
 
 def one(size: str, algo: str) -> dict:
@@ -55,11 +56,6 @@ def cli_time(repeats: int = 3) -> dict:
                         "-o", str(d / "p.json")], check=True, capture_output=True)
         out.append(time.perf_counter() - t0)
     return {"cli_solve_default_s": float(np.median(out)), "all_s": out}
-
-
-def slope(xs, ys) -> float:
-    """Least-squares slope of log(y) against log(x)."""
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def main() -> None:
@@ -99,9 +95,7 @@ def main() -> None:
             if len(pts) >= 3:
                 fits[f"{algo} vs {key}"] = slope(*zip(*pts))
                 print(f"fitted exponent {algo} vs {key}: {fits[f'{algo} vs {key}']:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "fitted_exponents": fits}, f, indent=1)
+    write_results(args.json, rows, fits)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ Run: python benchmarks/bench_solve.py [--only default,users,servers,large] [--js
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-import numpy as np
+from _fit import slope, write_results
 
 from slimcaching.algorithms import solve
 from slimcaching.evaluation import placement_latency
@@ -51,10 +50,6 @@ def run(data: dict, algos: list[str], label: str, exact_limit: float | None = No
                 extra += " (no solution found: latency shown is the empty placement's)"
         print(f"{label:28s} {a:18s} {lat * 1e3:10.3f} ms  {pl.solve_seconds:8.2f} s{extra}", flush=True)
     return out
-
-
-def slope(xs, ys) -> float:
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def main() -> None:
@@ -98,9 +93,7 @@ def main() -> None:
                 fits[f"{a} vs {key}"] = slope(*zip(*pts))
     for k, v in fits.items():
         print(f"fitted exponent {k:36s} {v:5.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "fitted_exponents": fits}, f, indent=1)
+    write_results(args.json, rows, fits)
 
 
 if __name__ == "__main__":

@@ -206,12 +206,12 @@ def assigned_problem(problem: Problem, choice: np.ndarray, dense: np.ndarray) ->
 PARTS = ("access_s", "relay_s", "backhaul_s", "compute_s")
 
 
-def _critical_parts(problem: Problem, x: np.ndarray, home: np.ndarray, items: np.ndarray) -> np.ndarray:
+def _critical_parts(problem: Problem, x: np.ndarray, r: np.ndarray, home: np.ndarray, items: np.ndarray
+                    ) -> np.ndarray:
     """Per row: (relay, backhaul, compute) of its slowest remote expert seen from ``home`` [R]
     (relay: server links and, with reach, the detour through another access link; backhaul:
     the edge-cloud link; compute: the holder's execution time)."""
     p = problem
-    r = p.remote_cost(x)
     cost = r[home[:, None], items]
     k = cost.argmax(axis=1)
     rows = np.arange(len(home))
@@ -248,7 +248,7 @@ def latency_parts(problem: Problem, x: np.ndarray, dense: np.ndarray | None, lat
     # SlimCaching-style: per row, the device's experts or the access plus the slowest remote expert
     lat_row = q.row_latency(x)
     local_wins = q.row_local >= lat_row
-    remote = np.where(local_wins[:, None], 0.0, _critical_parts(q, x, q.row_home, q.row_items))
+    remote = np.where(local_wins[:, None], 0.0, _critical_parts(q, x, q.remote_cost(x), q.row_home, q.row_items))
     row_parts = np.concatenate([np.where(local_wins, 0.0, q.row_access)[:, None], remote], axis=1)
     row_parts[:, 3] += np.where(local_wins, q.row_local, 0.0)
     key = q.row_class * nm + q.row_model
@@ -258,11 +258,12 @@ def latency_parts(problem: Problem, x: np.ndarray, dense: np.ndarray | None, lat
     # split-style through server n: per profile, the slowest expert of each set seen from n
     split_layer_parts = np.zeros((nc, nm, ns, 3))
     values: dict[str, np.ndarray] = {}
+    r = p.remote_cost(x)
     for e, name in enumerate(p.entry_profile):
         if name not in values:
             items, _, prob = profile_sets(p, name)
-            values[name] = np.stack([prob @ _critical_parts(p, x, np.full(len(items), n), items) for n in range(ns)]) \
-                if ns else np.zeros((0, 3))
+            values[name] = np.stack([prob @ _critical_parts(p, x, r, np.full(len(items), n), items)
+                                     for n in range(ns)]) if ns else np.zeros((0, 3))
         c, m = p.entry_class[e], p.entry_model[e]
         split_layer_parts[c, m] += p.entry_weight[e] / p.class_model_weight[c, m] * values[name]
     d_server, d_cloud = dense_exec(p)

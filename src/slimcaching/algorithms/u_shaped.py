@@ -24,7 +24,7 @@ import numpy as np
 
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import request_scores
-from slimcaching.architectures import mean_latency, pair_options, serve
+from slimcaching.architectures import mean_latency, pair_options
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem, build_problem
 
@@ -134,12 +134,3 @@ def u_shaped_partial(problem: Problem) -> Placement:
     out.info["mean_token_latency_s"] = mean_latency(problem, x, dense, "u-shaped-partial")
     return out
 
-
-def serving_summary(problem: Problem, x: np.ndarray, dense: np.ndarray | None, latency_model: str) -> dict:
-    """Share of the traffic served by each architecture."""
-    opts = pair_options(problem, x, slim=latency_model in ("hybrid", "slimcaching"))
-    choice, _ = serve(problem, opts, dense, latency_model)
-    w = opts.weight
-    out = {"slimcaching": float(w[choice == -2].sum()), "split_cloud": float(w[choice == -1].sum()),
-           "split_edge": float(w[choice >= 0].sum())}
-    return out
