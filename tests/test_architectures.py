@@ -181,4 +181,29 @@ def test_cli_solve_evaluate_simulate_hybrid(tmp_path, capsys):
     assert main(["simulate", str(sc), str(pl), "--tokens", "3000", "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
     assert sim["analytic_mean_token_latency_s"] == pytest.approx(data["mean_token_latency_s"], rel=1e-9)
-    assert main(["simulate", str(sc), str(pl), "--queueing"]) != 0
+    assert main(["simulate", str(sc), str(pl), "--queueing", "--tokens", "2000", "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)
+    assert q["latency_model"] == "hybrid"
+    assert q["analytic_mean_token_latency_s"] == pytest.approx(data["mean_token_latency_s"], rel=1e-9)
+    trace = tmp_path / "t.npy"
+    np.save(trace, np.zeros((3, 1, 2), np.int64))
+    assert main(["simulate", str(sc), str(pl), "--trace", str(trace), "--model", "m0"]) != 0
+    assert "latency_model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["u-shaped", "u-shaped-partial", "slimcaching-hybrid"])
+def test_queueing_split_style_matches_analytic_at_low_load_and_queues_at_high(name):
+    from slimcaching.queueing import simulate_queueing
+
+    problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,
+                       reach=1)
+    pl = solve(problem, name)
+    low = simulate_queueing(problem, pl.x, 20000, load=1e-6, seed=2, dense=pl.dense, latency_model=pl.latency_model)
+    total = mean_latency(problem, pl.x, pl.dense, pl.latency_model)
+    assert low["analytic_mean_token_latency_s"] == pytest.approx(total, rel=1e-12)
+    assert abs(low["mean_token_latency_s"] - total) <= 5 * low["standard_error_s"] + 1e-12
+    high = simulate_queueing(problem, pl.x, 20000, load=3000.0, seed=2, dense=pl.dense,
+                             latency_model=pl.latency_model)
+    assert high["mean_token_latency_s"] > low["mean_token_latency_s"]
+    busy = max(list(high["server_utilisation"].values()) + list(high["backhaul_utilisation"].values()))
+    assert busy > 100 * max(list(low["server_utilisation"].values()) + list(low["backhaul_utilisation"].values()))

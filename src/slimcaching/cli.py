@@ -309,9 +309,9 @@ def simulate(
           "tokens x layers to draw")
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
-    if pl.latency_model != "slimcaching" and (queueing or trace is not None):
-        raise ScenarioError("placement.latency_model", "--queueing and --trace support 'slimcaching' placements "
-                            "(plain simulate serves every latency model)", pl.latency_model)
+    if pl.latency_model != "slimcaching" and trace is not None:
+        raise ScenarioError("placement.latency_model", "--trace replays SlimCaching-style placements only "
+                            "(plain and --queueing simulation serve every latency model)", pl.latency_model)
     if trace is not None:
         from slimcaching.simulate import load_trace_array, replay_trace
 
@@ -338,7 +338,8 @@ def simulate(
 
         if load <= 0:
             raise ScenarioError("--load", "must be > 0", load)
-        res = simulate_queueing(problem, pl.x, tokens, load=load, seed=seed)
+        res = simulate_queueing(problem, pl.x, tokens, load=load, seed=seed, dense=pl.dense,
+                                latency_model=pl.latency_model)
         if as_json:
             sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
             return

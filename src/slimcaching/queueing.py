@@ -18,6 +18,16 @@ Beyond the analytic model, which assumes every server and backhaul is idle. Assu
 
 At vanishing load every token's latency equals the analytic one for its sampled sets, so the
 sample mean converges to T-bar; as load grows, waiting time at busy servers and backhauls adds.
+
+Split-style tokens (latency models other than ``slimcaching``, SPEC section 6), each (user, model)
+served as the analytic model serves it:
+
+* through server n: the hidden state reaches n after half the access + relay time; per layer n
+  runs a job of exec_n(dense) / L (the dense part of one layer), then the layer's experts: one job
+  at n for those it holds (t_n), one per other holder as above, the cloud through n's backhaul; the
+  result returns after the other half. Every layer's compute is on the edge;
+* through the cloud: the request crosses the backhaul of the best reached server (a FIFO queue as
+  above), the cloud runs everything (no queue).
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from slimcaching.problem import Problem
 
 
 def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float = 1.0, seed: int = 0,
-                      warmup: float = 0.1) -> dict:
+                      warmup: float = 0.1, dense: np.ndarray | None = None, latency_model: str = "slimcaching") -> dict:
+    from slimcaching.architectures import SLIM, mean_latency, pair_options, profile_sets, serve
+
     rng = np.random.default_rng(seed)
     ni = problem.n_items
     r = problem.remote_cost(x)
@@ -45,7 +57,14 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
         blocks.setdefault(int(problem.row_entry[starts[b]]), []).append((int(starts[b]), int(starts[b + 1])))
     # pre-draw each token's row per layer
     token_rows: list[list[int]] = [[] for _ in range(tokens)]
+    how = np.full(len(p_entry), SLIM)  # per entry: SLIM, CLOUD or the split server
+    if latency_model != "slimcaching":
+        opts = pair_options(problem, x, slim=latency_model == "hybrid")
+        choice, _ = serve(problem, opts, dense, latency_model)
+        how = choice[problem.entry_class, problem.entry_model]
     for e, blist in blocks.items():
+        if how[e] != SLIM:
+            continue
         idx = np.nonzero(entry_of == e)[0]
         if len(idx) == 0:
             continue
@@ -66,11 +85,91 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
     c_edge = problem.holder_cost - problem.server_exec[None, :, :]  # relay part c_{h,n}
     latency = np.zeros(tokens)
     heap = []
+    split_sets: dict[int, list[np.ndarray]] = {}  # split-style tokens: the items of each layer's set
+    for e in np.nonzero(how != SLIM)[0]:
+        idx = np.nonzero(entry_of == e)[0]
+        if len(idx) == 0 or how[e] < 0:
+            continue
+        items, layer, prob = profile_sets(problem, problem.entry_profile[e])
+        cuts = np.concatenate([[0], np.nonzero(np.diff(layer))[0] + 1, [len(layer)]])
+        picks = [lo + rng.choice(hi - lo, size=len(idx), p=prob[lo:hi] / prob[lo:hi].sum())
+                 for lo, hi in zip(cuts[:-1], cuts[1:])]
+        for j, t in enumerate(idx):
+            split_sets[int(t)] = [items[pk[j]] for pk in picks]
+    d_server, d_cloud = (None, None)
+    if latency_model != "slimcaching":
+        from slimcaching.architectures import dense_exec
+
+        d_server, d_cloud = dense_exec(problem)
+    n_layers = np.array([m.layers for m in sc.models], float)
+    cloud_split: dict[int, tuple[int, float]] = {}
     for t in range(tokens):
-        c, m = problem.entry_class[entry_of[t]], problem.entry_model[entry_of[t]]
-        heapq.heappush(heap, (arrivals[t] + problem.class_dense[c, m], t, 0))
+        e = entry_of[t]
+        c, m = problem.entry_class[e], problem.entry_model[e]
+        if how[e] == SLIM:
+            heapq.heappush(heap, (arrivals[t] + problem.class_dense[c, m], t, 0))
+            continue
+        g = problem.class_home[c]
+        a = problem.class_access[c, m]
+        if how[e] < 0:  # split through the cloud: one request over the cheapest reached backhaul
+            v = int(np.argmin(problem.access_delta[g, :, m] + problem.home_cloud_relay[:n, m]))
+            a_v = a + problem.access_delta[g, v, m]
+            cloud_split[t] = (v, a_v)
+            heapq.heappush(heap, (arrivals[t] + a_v / 2, t, 0))
+            continue
+        s = int(how[e])
+        half = (a + problem.home_relay[g, s, m]) / 2
+        heapq.heappush(heap, (arrivals[t] + half, t, 0))
     while heap:
         now, t, step = heapq.heappop(heap)
+        if t in cloud_split:
+            v, a_v = cloud_split[t]
+            m = problem.entry_model[entry_of[t]]
+            service = 2.0 * bits[m] / backhaul_rate[v]
+            start = max(now, backhaul_free[v])
+            backhaul_free[v] = start + service
+            backhaul_busy[v] += service
+            latency[t] = (backhaul_free[v] + backhaul_rtt[v] + d_cloud[m] + n_layers[m] * problem.cloud_exec[m]
+                          + a_v / 2 - arrivals[t])
+            continue
+        if t in split_sets:
+            e = entry_of[t]
+            c, m, s = problem.entry_class[e], problem.entry_model[e], int(how[e])
+            sets = split_sets[t]
+            if step >= len(sets):
+                latency[t] = now + (problem.class_access[c, m] + problem.home_relay[problem.class_home[c], s, m]) / 2 \
+                    - arrivals[t]
+                continue
+            dense_part = d_server[s, m] / n_layers[m]
+            start = max(now, server_free[s])
+            server_free[s] = start + dense_part
+            busy[s] += dense_part
+            ready = end = server_free[s]
+            jobs: dict[int, bool] = {}
+            cloud = False
+            for i in sets[step]:
+                if x[s, i]:
+                    jobs[s] = True
+                    continue
+                if r[s, i] >= problem.cloud_cost[s, m]:
+                    cloud = True
+                    continue
+                held = np.nonzero(x[:, i])[0]
+                jobs[int(held[int(np.argmin(problem.holder_cost[s, held, m]))])] = True
+            for k in jobs:
+                arrive = ready + c_edge[s, k, m] / 2
+                start = max(arrive, server_free[k])
+                server_free[k] = start + problem.server_exec[k, m]
+                busy[k] += problem.server_exec[k, m]
+                end = max(end, server_free[k] + c_edge[s, k, m] / 2)
+            if cloud:
+                service = 2.0 * bits[m] / backhaul_rate[s]
+                start = max(ready, backhaul_free[s])
+                backhaul_free[s] = start + service
+                backhaul_busy[s] += service
+                end = max(end, backhaul_free[s] + backhaul_rtt[s] + problem.cloud_exec[m])
+            heapq.heappush(heap, (end, t, step + 1))
+            continue
         rows = token_rows[t]
         if step >= len(rows):
             latency[t] = now - arrivals[t]
@@ -119,7 +218,8 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
         "standard_error_s": float(keep.std(ddof=1) / np.sqrt(len(keep))) if len(keep) > 1 else 0.0,
         "p50_s": float(np.percentile(keep, 50)), "p95_s": float(np.percentile(keep, 95)),
         "p99_s": float(np.percentile(keep, 99)),
-        "analytic_mean_token_latency_s": float(problem.objective(x)),
+        "analytic_mean_token_latency_s": float(mean_latency(problem, x, dense, latency_model)),
+        "latency_model": latency_model,
         "server_utilisation": {s: float(busy[k] / horizon) for k, s in enumerate(problem.server_names)},
         "backhaul_utilisation": {s: float(backhaul_busy[k] / horizon) for k, s in enumerate(problem.server_names)},
     }

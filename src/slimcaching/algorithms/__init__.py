@@ -81,6 +81,7 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "inner": (str, None, None, True),
     "rounds": (int, 0, 1000, True),
     "moves": (int, 0, 1_000_000, True),
+    "screen": (float, 0, 1e15, True),
 }
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from slimcaching.algorithms import register
-from slimcaching.algorithms.slimcaching import slimcaching, slimcaching_fast
+from slimcaching.algorithms.slimcaching import _successive, slimcaching, slimcaching_fast
 from slimcaching.algorithms.u_shaped import partial_hosts, whole_model_hosts
 from slimcaching.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
 from slimcaching.errors import ScenarioError
@@ -36,11 +36,17 @@ from slimcaching.problem import Problem
 INNER = {"slimcaching": slimcaching, "slimcaching-fast": slimcaching_fast}
 
 
-def _caches_for(problem: Problem, choice: np.ndarray, dense: np.ndarray, inner) -> np.ndarray:
+def _caches_for(problem: Problem, choice: np.ndarray, dense: np.ndarray, inner: str, screen: float | None
+                ) -> np.ndarray:
+    """Caches for fixed architectures: ``inner`` with its defaults, or (``screen``) its sweeps alone
+    under that work budget, without the polish (how moves are screened)."""
     ap = assigned_problem(problem, choice, dense)
     if len(ap.row_items) == 0:
         return problem.empty_placement()
-    return inner(ap).x
+    if screen is None:
+        return INNER[inner](ap).x
+    fast = inner == "slimcaching-fast"
+    return _successive(ap, fast, "rate", 50, 2e8, 1 if fast else 16, 60000, 0.0, screen).x
 
 
 def _improves(new: float, old: float) -> bool:
@@ -49,7 +55,7 @@ def _improves(new: float, old: float) -> bool:
 
 @register("slimcaching-hybrid", "expert caches and dense parts together; each (user, model) served the faster way")
 def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds: int = 6,
-                       moves: int = 0) -> Placement:
+                       moves: int = 0, screen: float = 1e7) -> Placement:
     """Joint choice of expert caches and dense parts (see module docstring).
 
     Parameters
@@ -58,6 +64,9 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         (default) or "slimcaching".
     rounds : most rounds of dense moves (each ends at the first improving move).
     moves : most moves tried per round (0: every server and model).
+    screen : work budget (table and DP cells) of the inner algorithm's sweeps, without its polish,
+        while starts and moves are screened; the caches of the final architectures are then
+        re-optimised by the inner algorithm with its defaults, and kept if better.
 
     Complexity: (3 + rounds * moves) runs of ``inner`` plus as many latency evaluations.
     """
@@ -81,7 +90,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         lat = evaluate(x, dense)
         if dense.any():  # its caches re-optimised for the architectures it induces
             choice, _ = serve(p, pair_options(p, x), dense, "hybrid")
-            x2 = _caches_for(p, choice, dense, run)
+            x2 = _caches_for(p, choice, dense, inner, screen)
             lat2 = evaluate(x2, dense)
             if _improves(lat2, lat):
                 x, lat = x2, lat2
@@ -123,7 +132,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
                 back, _ = serve(p, opts, dense2, "hybrid")
                 moved = choice[:, m] == n
                 choice2[moved, m] = back[moved, m]
-            x2 = _caches_for(p, choice2, dense2, run)
+            x2 = _caches_for(p, choice2, dense2, inner, screen)
             lat2 = evaluate(x2, dense2)
             if _improves(lat2, lat):
                 x, dense, lat = x2, dense2, lat2
@@ -132,6 +141,13 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
                 break
         if not accepted:
             break
+    if dense.any():  # the final architectures' caches with the inner algorithm's full budget
+        choice, _ = serve(p, pair_options(p, x), dense, "hybrid")
+        x2 = _caches_for(p, choice, dense, inner, None)
+        lat2 = evaluate(x2, dense)
+        if _improves(lat2, lat):
+            x, lat = x2, lat2
+            history.append(lat)
     opts = pair_options(p, x)
     choice, _ = serve(p, opts, dense, "hybrid")
     w = opts.weight

@@ -65,15 +65,21 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 REGIME_ALGOS = ("slimcaching", "u-shaped", "u-shaped-partial", "slimcaching-hybrid", "lfu", "none")
 REGIME_STORAGE = (0.5e9, 1e9, 2.5e9, 5e9, 10e9)
-REGIME_SECOND = {"rtt": (0.0, 2e-3, 5e-3, 10e-3, 20e-3), "uplink": (10e6, 25e6, 50e6, 100e6, 400e6)}
-REGIME_LABEL = {"rtt": "access RTT (ms)", "uplink": "user uplink (Mbit/s; downlink twice)"}
+REGIME_SECOND = {"rtt": (0.0, 2e-3, 5e-3, 10e-3, 20e-3), "uplink": (10e6, 25e6, 50e6, 100e6, 400e6),
+                 "load": (1.0, 10.0, 30.0, 100.0, 300.0)}
+REGIME_LABEL = {"rtt": "access RTT (ms)", "uplink": "user uplink (Mbit/s; downlink twice)",
+                "load": "load (tokens/s per user; queueing simulation)"}
+REGIME_TOKENS = {False: 4000, True: 600}  # tokens simulated per cell of the load grid (full, quick)
 EXPERIMENTS["regimes"] = Experiment(
     "regimes", "regime",
     tuple((g, s, v) for g in REGIME_SECOND for s in REGIME_STORAGE for v in REGIME_SECOND[g]),
     tuple((g, s, v) for g in REGIME_SECOND for s in (0.5e9, 10e9) for v in REGIME_SECOND[g][::4]),
     "edge storage per server (GB)", algorithms=REGIME_ALGOS, x_of="GB",
-    description="Which serving architecture wins where: grids of edge storage per server x access RTT and "
-    "edge storage x uplink rate (SPEC section 6). Per cell: SlimCaching-style (`slimcaching`, `lfu`, `none`), "
+    description="Which serving architecture wins where: grids of edge storage per server x access RTT, "
+    "edge storage x uplink rate and edge storage x load (SPEC section 6). The load grid's latencies come from "
+    "the queueing simulation (`simulate --queueing`: split-style serving puts every layer's compute on the edge "
+    "server, SlimCaching-style only the experts), the others from the analytic model. Per cell: "
+    "SlimCaching-style (`slimcaching`, `lfu`, `none`), "
     "split-style with whole models (`u-shaped`) or dense parts at home (`u-shaped-partial`), and the "
     "`slimcaching-hybrid` that chooses per (user, model).")
 
@@ -103,8 +109,9 @@ def apply_point(exp: Experiment, value, quick: bool) -> dict:
         over["capacity"] = float(storage)
         if grid == "rtt":
             over["access_rtt"] = float(second)
-        else:
+        elif grid == "uplink":
             over.update(uplink=float(second), downlink=2.0 * float(second))
+        # grid "load": the scenario is unchanged; the runner simulates it at that load
     elif exp.option == "uplink":
         over.update(uplink=float(value), downlink=2.0 * float(value))
     else:

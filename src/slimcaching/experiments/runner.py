@@ -64,6 +64,12 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
             pl = solve(problem, name, params)
             bd = placement_breakdown(problem, pl)
             lat = bd["mean_token_latency_s"]
+            if exp.option == "regime" and value[0] == "load":  # users have rate 1: load = tokens/s per user
+                from slimcaching.experiments.definitions import REGIME_TOKENS
+                from slimcaching.queueing import simulate_queueing
+
+                lat = simulate_queueing(problem, pl.x, REGIME_TOKENS[quick], load=float(value[2]), seed=seed,
+                                        dense=pl.dense, latency_model=pl.latency_model)["mean_token_latency_s"]
             status = pl.info.get("status", "")
             if name == "exact" and status != "optimal":
                 lat_ms = float("nan")  # only optimal MILP answers are reported as the optimum
