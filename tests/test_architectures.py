@@ -71,6 +71,43 @@ def test_hybrid_quality_against_brute_force():
     assert np.mean(ratios) >= 0.98
 
 
+def test_exact_hybrid_equals_brute_force():
+    for kw in QUALITY[:4]:
+        problem = _problem(**kw)
+        opt = brute_force_hybrid(problem)
+        for warm in (True, False):
+            pl = solve(problem, "exact", {"hybrid": True, "time_limit": 30, "warm_start": warm})
+            assert pl.info["status"] == "optimal" and pl.latency_model == "hybrid"
+            assert mean_latency(problem, pl.x, pl.dense, "hybrid") == pytest.approx(opt, rel=1e-9)
+            assert pl.info["bound_s"] <= opt * (1 + 1e-9)
+        lp = solve(problem, "exact", {"hybrid": True, "relax": True})
+        assert lp.info["bound_s"] <= opt * (1 + 1e-9)
+
+
+MILP_FAMILY = [dict(seed=100 + s, servers=3, users=4, experts=4, top_k=2, layers=2, models=2,
+                    capacity_experts=50 + 2 + s % 5, local_experts=s % 3, reach=s % 2) for s in range(10)]
+
+
+def test_hybrid_quality_against_the_milp():
+    """3 servers, 2 models, dense parts that fit one per server, device caches and reach varied."""
+    ratios = []
+    for kw in MILP_FAMILY:
+        problem = _problem(**kw)
+        pl = solve(problem, "slimcaching-hybrid")
+        lat = pl.info["mean_token_latency_s"]
+        ex = solve(problem, "exact", {"hybrid": True, "time_limit": 60})
+        assert ex.info["status"] == "optimal"
+        opt = ex.info["objective_s"]
+        assert opt <= lat * (1 + 1e-12) and ex.info["bound_s"] <= opt * (1 + 1e-9)
+        ref = mean_latency(problem, problem.empty_placement(), None, "hybrid")
+        ratios.append(1.0 if ref - opt <= 1e-15 else (ref - lat) / (ref - opt))
+        for base in ("slimcaching", "u-shaped", "u-shaped-partial"):
+            b = solve(problem, base)
+            assert lat <= mean_latency(problem, b.x, b.dense, b.latency_model) * (1 + 1e-12), (kw, base)
+    print(f"hybrid vs MILP: mean {np.mean(ratios):.4f}, worst {min(ratios):.4f} over {len(ratios)} instances")
+    assert np.mean(ratios) >= 0.98
+
+
 @pytest.mark.parametrize("reach", [0, 2])
 def test_parts_add_up_and_simulation_agrees(reach):
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,

@@ -75,6 +75,12 @@ class Formulation:
         off_l, off_z, off_y = self.n_x, self.n_x + nr, self.n_x + nr + npairs
         v = np.zeros(self.n_cols)
         v[: self.n_x] = x.reshape(-1).astype(float)
+        v[off_l:off_z], v[off_z:off_y], v[off_y:] = self.row_part(x)
+        return v
+
+    def row_part(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(L per row, remote cost z per (home, item), holder choice y) of placement ``x``."""
+        npairs = len(self.pair_home)
         held = x[self.y_server, self.pair_item[self.y_pair]]
         cost = np.where(held, self.y_cost, np.inf)
         best = np.full(npairs, np.inf)
@@ -88,10 +94,7 @@ class Formulation:
         lat = self.rows_local.copy()
         rr, pp = self.rows_pairs
         np.maximum.at(lat, rr, self.rows_access[rr] + z[pp])
-        v[off_l:off_z] = lat
-        v[off_z:off_y] = z
-        v[off_y:] = y
-        return v
+        return lat, z, y
 
 
 def _merged_rows(problem: Problem):

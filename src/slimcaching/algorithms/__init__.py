@@ -77,6 +77,7 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "mip_rel_gap": (float, 0, 1, True),
     "relax": (bool, None, None, True),
     "warm_start": (bool, None, None, True),
+    "hybrid": (bool, None, None, True),
     "order": (str, None, None, True),
     "inner": (str, None, None, True),
     "rounds": (int, 0, 1000, True),

@@ -12,10 +12,13 @@ contributes its profile's rows seen from n (no per-layer access, no device cache
    induces; the best under the hybrid latency is kept, so the result is never worse than any of
    the three baselines under their own latency models (the hybrid's options include theirs);
 2. *dense moves*: add a dense part (n, m) (pairs whose optimistic split latency through n, with
-   every expert of m at n, beats their current latency are moved there) or drop one (its pairs
-   fall back to their next best option); the caches are re-optimised for the new architectures
-   and the move is kept if the true hybrid latency fell. Adds are tried in descending estimated
-   gain; first improvement is taken; rounds repeat until no move improves or ``rounds`` is spent.
+   every expert of m at n, beats their current latency are moved there), swap one for another
+   model's at the same server, relocate one to another server, or drop one (its pairs fall back to
+   their next best option); the caches are re-optimised for the new architectures (the inner
+   algorithm's sweeps under the ``screen`` budget) and the move is kept if the true hybrid latency
+   fell. Adds, swaps and relocations are tried in descending estimated gain, drops last; first
+   improvement is taken; rounds repeat until no move improves or ``rounds`` is spent. The final
+   architectures' caches are re-optimised once with the inner algorithm's defaults.
 
 Each candidate costs one run of the inner algorithm (``slimcaching-fast`` by default), so the
 running time is about (3 + rounds * moves) inner solves.
@@ -107,31 +110,46 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         # optimistic split latency through n with every expert of m at n
         est = opts.split_access + opts.split_dense.T[None, :, :] + (n_layers[:, None] * p.server_exec.T)[None]
         active = opts.weight > 0
-        cand = []
+        # moves (gain estimate, server to add at, model to add or -1, dense parts to drop): adds,
+        # swaps (another model's part at the same server dropped) and relocations (the same
+        # model's part moved from another server) by estimated gain, then plain drops
+        used = dense.astype(float) @ d_size
+
+        def fits(n, m, freed=0.0, used=used):
+            return d_size[m] + used[n] - freed <= p.capacity[n] * (1 + 1e-12)
+
+        cand = [(0.0, -1, -1, ((int(n), int(m)),)) for n, m in np.argwhere(dense)]
         for n in range(ns):
             for m in range(nm):
                 if dense[n, m]:
-                    cand.append((0.0, n, m))  # drops: tried after the adds
-                elif d_size[m] + dense[n] @ d_size <= p.capacity[n] * (1 + 1e-12):
-                    gain = float((opts.weight[:, m] * np.maximum(cur[:, m] - est[:, m, n], 0.0))[active[:, m]].sum())
-                    if gain > 0:
-                        cand.append((gain, n, m))
-        cand.sort(key=lambda t: (-t[0], t[1], t[2]))
+                    continue
+                gain = float((opts.weight[:, m] * np.maximum(cur[:, m] - est[:, m, n], 0.0))[active[:, m]].sum())
+                if gain <= 0:
+                    continue
+                if fits(n, m):
+                    cand.append((gain, n, m, ()))
+                cand += [(gain, n, m, ((n, int(old)),)) for old in np.nonzero(dense[n])[0]
+                         if fits(n, m, d_size[old])]
+                cand += [(gain, n, m, ((int(k), m),)) for k in np.nonzero(dense[:, m])[0] if fits(n, m)]
+        cand.sort(key=lambda t: (-t[0], t[1], t[2], t[3]))
         if moves:
             cand = cand[:moves]
         rounds_run += 1
         accepted = False
-        for _, n, m in cand:
+        for _, n, add, drop in cand:
             dense2 = dense.copy()
-            dense2[n, m] = not dense[n, m]
+            for k, m in drop:
+                dense2[k, m] = False
             choice2 = choice.copy()
-            if dense2[n, m]:
-                move = active[:, m] & (est[:, m, n] < cur[:, m])
-                choice2[move, m] = n
-            else:
+            if drop:  # pairs split through a dropped part fall back to their next best option
                 back, _ = serve(p, opts, dense2, "hybrid")
-                moved = choice[:, m] == n
-                choice2[moved, m] = back[moved, m]
+                for k, m in drop:
+                    moved = choice[:, m] == k
+                    choice2[moved, m] = back[moved, m]
+            if add >= 0:
+                dense2[n, add] = True
+                move = active[:, add] & (est[:, add, n] < cur[:, add])
+                choice2[move, add] = n
             x2 = _caches_for(p, choice2, dense2, inner, screen)
             lat2 = evaluate(x2, dense2)
             if _improves(lat2, lat):
