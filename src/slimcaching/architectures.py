@@ -280,3 +280,72 @@ def latency_parts(problem: Problem, x: np.ndarray, dense: np.ndarray | None, lat
             lp = split_layer_parts[c, m, ch]
             parts[c, m] = (p.class_access[c, m], relay_edge[c, m, ch] + lp[0], lp[1], d_server[ch, m] + lp[2])
     return choice, lat, parts
+
+
+def _row_jobs(problem: Problem, x: np.ndarray, r: np.ndarray, home: np.ndarray, items: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: which servers run a job for it ([R, N] bool: one job per holder of the row's remote
+    experts, seen from ``home``) and whether it needs the cloud ([R] bool)."""
+    p = problem
+    ns = p.n_servers
+    jobs = np.zeros((len(home), ns), bool)
+    cloud = np.zeros(len(home), bool)
+    for j in range(items.shape[1]):
+        it = items[:, j]
+        real = it < p.n_items
+        if not real.any():
+            continue
+        rows = np.nonzero(real)[0]
+        i, h = it[real], home[real]
+        m = p.item_model[i]
+        hc = np.where(x[:, i].T, p.holder_cost[h, :, m], np.inf)
+        holder = hc.argmin(axis=1)
+        edge = hc[np.arange(len(i)), holder] < p.cloud_cost[h, m]
+        jobs[rows[edge], holder[edge]] = True
+        cloud[rows[~edge]] = True
+    return jobs, cloud
+
+
+def utilisation(problem: Problem, x: np.ndarray, dense: np.ndarray | None, latency_model: str, load: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Expected busy share (server [N], backhaul [N]) when every user's token rate is multiplied by
+    ``load``, under the job model of :mod:`slimcaching.queueing`: per layer one job at each holder
+    of the layer's remote experts (t_n); a split-style token also occupies its split server for the
+    dense part; a backhaul is busy 2 * 8d / R per request. Values >= 1 mean the queue is unstable."""
+    p = problem
+    q = per_class_problem(p)
+    ns = p.n_servers
+    busy, back = np.zeros(ns), np.zeros(ns)
+    bits = np.array([8.0 * m.hidden_bytes for m in p.scenario.models])
+    rate_back = np.array([s.cloud_rate_bps for s in p.scenario.servers])
+    opts = pair_options(q, x, slim=latency_model in ("hybrid", "slimcaching"))
+    choice, _ = serve(q, opts, dense, latency_model)
+    r = q.remote_cost(x)
+    d_server, _ = dense_exec(q)
+    tokens = q.entry_weight * q.total_rate * load  # tokens/s of each workload entry
+    how = choice[q.entry_class, q.entry_model]
+    slim_rows = how[q.row_entry] == SLIM
+    if slim_rows.any():
+        jobs, cloud = _row_jobs(q, x, r, q.row_home[slim_rows], q.row_items[slim_rows])
+        # row_prob is a share of the (class, model) pair's tokens
+        f = q.class_model_weight[q.row_class[slim_rows], q.row_model[slim_rows]] * q.total_rate * load \
+            * q.row_prob[slim_rows]
+        m = q.row_model[slim_rows]
+        busy += (f[:, None] * jobs * q.server_exec[:, m].T).sum(axis=0)
+        g = q.row_home[slim_rows]
+        v = (q.access_delta[g, :, m] + q.home_cloud_relay[:ns, m].T).argmin(axis=1)  # the backhaul used
+        np.add.at(back, v[cloud], (f * 2.0 * bits[m] / rate_back[v])[cloud])
+    for e in np.nonzero(how != SLIM)[0]:
+        m = int(q.entry_model[e])
+        n = int(how[e])
+        if n == CLOUD:
+            g = q.class_home[q.entry_class[e]]
+            v = int(np.argmin(q.access_delta[g, :, m] + q.home_cloud_relay[:ns, m]))
+            back[v] += tokens[e] * 2.0 * bits[m] / rate_back[v]
+            continue
+        items, _, prob = profile_sets(q, q.entry_profile[e])
+        jobs, cloud = _row_jobs(q, x, r, np.full(len(items), n), items)
+        busy[n] += tokens[e] * d_server[n, m]
+        busy += tokens[e] * (prob[:, None] * jobs).sum(axis=0) * q.server_exec[:, m]
+        back[n] += tokens[e] * float(prob @ cloud) * 2.0 * bits[m] / rate_back[n]
+    return busy, back

@@ -41,8 +41,9 @@ from slimcaching.problem import Problem
 
 def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float = 1.0, seed: int = 0,
                       warmup: float = 0.1, dense: np.ndarray | None = None, latency_model: str = "slimcaching") -> dict:
-    from slimcaching.architectures import SLIM, mean_latency, pair_options, profile_sets, serve
+    from slimcaching.architectures import SLIM, mean_latency, pair_options, per_class_problem, profile_sets, serve
 
+    problem = per_class_problem(problem)  # tokens are drawn per workload entry: rows merged over classes won't do
     rng = np.random.default_rng(seed)
     ni = problem.n_items
     r = problem.remote_cost(x)

@@ -20,8 +20,9 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0,
     (x, dense) (SPEC section 6): SlimCaching-style tokens draw a set per layer as above; a token
     split through server n draws the same sets and pays the access, relay and dense time once and
     the slowest expert of each set seen from n; a token split through the cloud pays its constant."""
-    from slimcaching.architectures import CLOUD, SLIM, pair_options, profile_sets, serve
+    from slimcaching.architectures import CLOUD, SLIM, pair_options, per_class_problem, profile_sets, serve
 
+    problem = per_class_problem(problem)  # tokens are drawn per workload entry: rows merged over classes won't do
     rng = np.random.default_rng(seed)
     choice = None
     if latency_model != "slimcaching":

@@ -83,6 +83,8 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "rounds": (int, 0, 1000, True),
     "moves": (int, 0, 1_000_000, True),
     "screen": (float, 0, 1e15, True),
+    "load": (float, 0, 1e9, True),
+    "max_utilisation": (float, 0, 1, False),
 }
 
 

@@ -32,6 +32,7 @@ from slimcaching.algorithms import register
 from slimcaching.algorithms.slimcaching import _successive, slimcaching, slimcaching_fast
 from slimcaching.algorithms.u_shaped import partial_hosts, whole_model_hosts
 from slimcaching.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
+from slimcaching.architectures import utilisation as expected_utilisation
 from slimcaching.errors import ScenarioError
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
@@ -52,13 +53,17 @@ def _caches_for(problem: Problem, choice: np.ndarray, dense: np.ndarray, inner: 
     return _successive(ap, fast, "rate", 50, 2e8, 1 if fast else 16, 60000, 0.0, screen).x
 
 
-def _improves(new: float, old: float) -> bool:
-    return new < old - 1e-12 * max(abs(old), 1e-300)
+def _improves(new: tuple[float, float], old: tuple[float, float]) -> bool:
+    """(overload, latency) keys: less overload first, then strictly lower latency."""
+    if new[0] < old[0] - 1e-12:
+        return True
+    return new[0] <= old[0] + 1e-12 and new[1] < old[1] - 1e-12 * max(abs(old[1]), 1e-300)
 
 
 @register("slimcaching-hybrid", "expert caches and dense parts together; each (user, model) served the faster way")
 def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds: int = 6,
-                       moves: int = 0, screen: float = 1e7) -> Placement:
+                       moves: int = 0, screen: float = 1e7, load: float = 0.0,
+                       max_utilisation: float = 0.8) -> Placement:
     """Joint choice of expert caches and dense parts (see module docstring).
 
     Parameters
@@ -70,6 +75,13 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
     screen : work budget (table and DP cells) of the inner algorithm's sweeps, without its polish,
         while starts and moves are screened; the caches of the final architectures are then
         re-optimised by the inner algorithm with its defaults, and kept if better.
+    load : 0 (default): plan for the unloaded network (the analytic model). > 0: every user's
+        token rate times ``load``; placements whose expected server or backhaul utilisation
+        (:func:`~slimcaching.architectures.utilisation`, the queueing simulation's job model)
+        exceeds ``max_utilisation`` are avoided: candidates are compared by overload first, then
+        latency. Split-style serving puts every layer's compute on its split server, so under load
+        the hybrid falls back towards SlimCaching-style serving.
+    max_utilisation : the highest utilisation a plan under ``load`` may give a server or backhaul.
 
     Complexity: (3 + rounds * moves) runs of ``inner`` plus as many latency evaluations.
     """
@@ -81,7 +93,11 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
     history: list[float] = []
 
     def evaluate(x, dense):
-        return mean_latency(p, x, dense, "hybrid")
+        over = 0.0
+        if load > 0:
+            busy, back = expected_utilisation(p, x, dense, "hybrid", load)
+            over = max(0.0, float(max(busy.max(initial=0.0), back.max(initial=0.0))) - max_utilisation)
+        return over, mean_latency(p, x, dense, "hybrid")
 
     starts = []
     x_slim = run(p).x
@@ -100,7 +116,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         if best is None or _improves(lat, best[0]):
             best = (lat, x, dense, name)
     lat, x, dense, start = best
-    history.append(lat)
+    history.append(lat[1])
     d_size = p.dense_bytes
     n_layers = np.array([m.layers for m in p.scenario.models], float)
     rounds_run = 0
@@ -154,7 +170,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
             lat2 = evaluate(x2, dense2)
             if _improves(lat2, lat):
                 x, dense, lat = x2, dense2, lat2
-                history.append(lat)
+                history.append(lat[1])
                 accepted = True
                 break
         if not accepted:
@@ -165,13 +181,15 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         lat2 = evaluate(x2, dense)
         if _improves(lat2, lat):
             x, lat = x2, lat2
-            history.append(lat)
+            history.append(lat[1])
     opts = pair_options(p, x)
     choice, _ = serve(p, opts, dense, "hybrid")
     w = opts.weight
     out = Placement(x, latency_model="hybrid", dense=dense)
     out.params = {"start": start, "rounds_run": rounds_run, "objective_s": history}
-    out.info["mean_token_latency_s"] = lat
+    if load > 0:
+        out.params["over_max_utilisation"] = lat[0]  # 0: no server or backhaul above max_utilisation
+    out.info["mean_token_latency_s"] = lat[1]
     out.info["architectures"] = {"slimcaching": float(w[choice == SLIM].sum()),
                                  "split_cloud": float(w[choice == CLOUD].sum()),
                                  "split_edge": float(w[choice >= 0].sum())}

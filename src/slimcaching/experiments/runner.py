@@ -61,6 +61,8 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
         rows, ref = [], None
         for name in names:
             params = {"time_limit": exact_limit} if name == "exact" else {}
+            if name == "slimcaching-hybrid" and exp.option == "regime" and value[0] == "load":
+                params = {"load": float(value[2])}  # the hybrid plans for the cell's load
             pl = solve(problem, name, params)
             bd = placement_breakdown(problem, pl)
             lat = bd["mean_token_latency_s"]
