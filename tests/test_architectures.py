@@ -265,6 +265,13 @@ def test_hybrid_under_load_avoids_saturating_the_edge():
     ours = simulated(planned)
     for base in ("slimcaching", "u-shaped", "u-shaped-partial"):
         assert ours <= simulated(solve(problem, base)) * 1.02, base
+    # picking among its plans by the queueing simulation: the result is the fastest simulated plan
+    picked = solve(problem, "slimcaching-hybrid", {"load": load, "sim_tokens": 3000, "sim_seed": 4})
+    again = simulate_queueing(problem, picked.x, 3000, load=load, seed=4, dense=picked.dense,
+                              latency_model="hybrid")["mean_token_latency_s"]
+    assert picked.params["simulated_s"] == again
+    assert again <= simulate_queueing(problem, planned.x, 3000, load=load, seed=4, dense=planned.dense,
+                                      latency_model="hybrid")["mean_token_latency_s"]
 
 
 @pytest.mark.parametrize("name", ["u-shaped", "u-shaped-partial", "slimcaching-hybrid"])

@@ -85,6 +85,8 @@ PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
     "screen": (float, 0, 1e15, True),
     "load": (float, 0, 1e9, True),
     "max_utilisation": (float, 0, 1, False),
+    "sim_tokens": (int, 0, 10_000_000, True),
+    "sim_seed": (int, 0, 2**32 - 1, True),
 }
 
 

@@ -124,7 +124,8 @@ def regime_summary(exp: Experiment, rows: list[dict], table: dict, scenario_labe
                   f"- hybrid's gain over the best single architecture: mean {np.mean(gains):.1f}%, "
                   f"max {np.max(gains):.1f}%; never worse than every single one: {'yes' if never_worse else 'NO'}"
                   + (" (simulated under load: the baselines plan for the unloaded network, the hybrid for the "
-                     "cell's load with a utilisation cap of 0.8; measured, not guaranteed)." if g == "load" else ".")
+                     "cell's load with a utilisation cap of 0.8, keeping the fastest of its plans in the same "
+                     "simulation)." if g == "load" else ".")
                   if gains else "- no hybrid result.", ""]
     failed = [r for r in rows if r.get("error")]
     if failed:

@@ -62,7 +62,10 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
         for name in names:
             params = {"time_limit": exact_limit} if name == "exact" else {}
             if name == "slimcaching-hybrid" and exp.option == "regime" and value[0] == "load":
-                params = {"load": float(value[2])}  # the hybrid plans for the cell's load
+                from slimcaching.experiments.definitions import REGIME_TOKENS
+
+                # the hybrid plans for the cell's load and picks among its plans by the same simulation
+                params = {"load": float(value[2]), "sim_tokens": REGIME_TOKENS[quick], "sim_seed": seed}
             pl = solve(problem, name, params)
             bd = placement_breakdown(problem, pl)
             lat = bd["mean_token_latency_s"]
