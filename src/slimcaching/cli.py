@@ -154,7 +154,8 @@ def solve_cmd(
     algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="Algorithm name.")] = "slimcaching",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
-    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Seconds (exact).")] = None,
+    time_limit: Annotated[float | None, typer.Option(
+        "--time-limit", help="Seconds for HiGHS (exact); its warm start, a slimcaching solve, comes on top.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
