@@ -149,22 +149,31 @@ def test_group_tables_exact_against_subsets():
 
 
 def test_row_groups_agree_with_pattern_tables(monkeypatch):
-    """Large-K groups are kept as rows; on small K both representations give the same values, the
-    zeta transform makes both tables exact, and the row greedy (no exact budget) is a feasible
-    lower bound of the exact table."""
+    """Large-K groups are kept as rows for the approximations; on small K the three
+    representations (pattern tables, rows, prefix form) give the same values, the zeta transform
+    makes the tables exact, and the row greedy (no exact budget) is a feasible lower bound of the
+    exact table."""
     import slimcaching.algorithms._decomposition as dec_mod
 
     problem = _problem(seed=12, servers=2, users=6, experts=6, top_k=3, layers=2, models=1, capacity_experts=6)
     x = problem.empty_placement()
-    tables = list(server_groups(problem, x, 0))
+    x[1, ::3] = True  # other holders: some positions are not candidates
+    tables = list(server_groups(problem, x, 0, exact_budget=0.0))
+    prefix = list(server_groups(problem, x, 0))
     monkeypatch.setattr(dec_mod, "ROW_GROUP_MIN_K", 0)
-    rows = list(server_groups(problem, x, 0))
-    assert len(rows) == len(tables)
+    rows = list(server_groups(problem, x, 0, exact_budget=0.0))
+    assert len(rows) == len(tables) == len(prefix) > 0
     rng = np.random.default_rng(0)
-    for (_, _, tg), (_, _, rg) in zip(tables, rows):
-        assert np.array_equal(tg.experts, rg.experts)
+    for (_, _, tg), (_, _, rg), (_, _, pg) in zip(tables, rows, prefix):
+        assert type(tg).__name__ == "GroupProblem" and type(rg).__name__ == "RowGroup"
+        assert type(pg).__name__ == "PrefixGroup"
+        assert np.array_equal(tg.experts, rg.experts) and np.array_equal(tg.experts, pg.experts)
         masks = rng.random((20, tg.n_candidates)) < 0.5
         assert np.allclose(tg.values(masks), rg.values(masks), rtol=1e-12, atol=1e-18)
+        assert np.allclose(tg.values(masks), pg.values(masks), rtol=1e-12, atol=1e-18)
+        assert np.allclose(pg.as_patterns().values(masks), pg.values(masks), rtol=1e-12, atol=1e-18)
+        assert np.allclose(value_table(pg, pg.n_candidates, 1e12).values,
+                           value_table(tg, tg.n_candidates, 1e12).values, rtol=1e-12, atol=1e-18)
         exact = value_table(tg, tg.n_candidates, 1e12)
         exact_rows = value_table(rg, rg.n_candidates, 1e12)
         assert exact.exact and exact_rows.exact
@@ -192,6 +201,39 @@ def test_zeta_subset_values_match_direct_sums(seed):
     masks = ((np.arange(2**e)[:, None] >> np.arange(e)[None, :]) & 1).astype(bool)
     direct = gp.values(masks)
     assert np.allclose(subset_values(gp), direct, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_prefix_form_matches_row_latencies(seed):
+    """The prefix (staircase) form of rows gives, for every subset of candidates, the reduction
+    computed directly from the row latencies: with ties in remote cost, absent positions (-inf),
+    and positions that cost more than v but may not be cached (forbidden)."""
+    from slimcaching.algorithms._tables import prefix_form
+
+    rng = np.random.default_rng(seed)
+    e, k, r = int(rng.integers(1, 7)), int(rng.integers(1, 5)), int(rng.integers(1, 10))
+    pos = np.stack([rng.choice(max(e, k), size=k, replace=False) % e for _ in range(r)])
+    rc = rng.choice([1.0, 2.0, 3.0, 5.0], size=(r, k)) * rng.choice([1.0, 1.5], size=(r, 1))
+    rc[rng.random((r, k)) < 0.2] = -np.inf  # absent positions
+    v = rng.choice([0.5, 1.0, 2.5], size=r)
+    cand = (rc > v[:, None]) & (rng.random((r, k)) < 0.85)  # some are forbidden
+    for i in range(r):  # a candidate expert appears at most once per row
+        seen = set()
+        for j in range(k):
+            if cand[i, j] and pos[i, j] in seen:
+                cand[i, j] = False
+            seen.add(pos[i, j])
+    local, access, w = rng.random(r) * 4, rng.random(r), rng.random(r) + 0.1
+    masks, coefs = prefix_form(pos, cand, rc, v, local, access, w)
+    old = np.maximum(local, access + rc.max(axis=1))
+    for y in range(2**e):
+        inside = (masks & ~y) == 0
+        via_prefix = (inside * coefs).sum(axis=1)
+        cached = cand & (((y >> pos) & 1) == 1)
+        worst = np.where(cached, v[:, None], rc).max(axis=1)
+        direct = w * (old - np.maximum(local, access + worst))
+        assert np.allclose(via_prefix, direct, rtol=1e-12, atol=1e-12)
 
 
 def test_maxplus_merge_matches_brute_force():
@@ -275,3 +317,55 @@ def test_co_activation_local_caches_are_optimal_without_edge():
             p = build_problem(trial)
             best = min(best, p.objective(p.empty_placement()))
         assert t_co == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_kernels_match_numpy_reference(seed):
+    """The numba row kernels give the numpy reference's prefix form array for array (with kicks'
+    forced and forbidden experts too), and the compiled zeta transform the same tables and ties."""
+    pytest.importorskip("numba")
+    from slimcaching.algorithms import _kernels
+    from slimcaching.algorithms._decomposition import Decomposition
+    from slimcaching.algorithms._tables import PrefixGroup, _zeta_table
+
+    assert _kernels.kernels() is not None
+    problem = _problem(seed=seed, servers=3, users=8, experts=6, top_k=1 + seed % 4, layers=2, models=1 + seed % 2,
+                       capacity_experts=4, local_experts=seed % 2, reach=1 + seed % 2)
+    rng = np.random.default_rng(seed)
+    dec = Decomposition(problem, rng.random((problem.n_servers, problem.n_items)) < 0.3)
+    shape = dec.x.shape
+    compared = 0
+    for kick in (None, "force", "forbid"):
+        dec.force = rng.random(shape) < 0.2 if kick == "force" else None
+        dec.forbid = rng.random(shape) < 0.2 if kick == "forbid" else None
+        for n in range(problem.n_servers):
+            for g in range(len(dec.g_start)):
+                ref = dec._group_problem_numpy(g, n, np.inf)
+                got = dec._group_problem_compiled(g, n, np.inf, _kernels.kernels())
+                assert (ref is None) == (got is None)
+                if ref is None:
+                    continue
+                assert isinstance(got, PrefixGroup) and isinstance(ref, PrefixGroup)
+                assert np.array_equal(ref.experts, got.experts)
+                assert np.array_equal(ref.masks, got.masks)
+                assert np.array_equal(ref.coefs, got.coefs)
+                compiled = _zeta_table(got, got.n_candidates, _kernels.kernels())
+                plain = _zeta_table(ref, ref.n_candidates)
+                assert np.array_equal(compiled.values, plain.values)
+                assert all(np.array_equal(a, b) for a, b in zip(compiled.choice, plain.choice))
+                compared += 1
+    assert compared > 10
+
+
+def test_slimcaching_same_placement_with_and_without_kernels(monkeypatch):
+    pytest.importorskip("numba")
+    import slimcaching.algorithms._decomposition as dec_mod
+
+    problem = _problem(seed=5, servers=4, users=10, experts=6, top_k=2, layers=3, models=2, capacity_experts=5)
+    plain = solve(problem, "slimcaching")
+    monkeypatch.setattr(dec_mod, "COMPILED_MIN_ROW_VISITS", 0)
+    compiled = solve(problem, "slimcaching")
+    monkeypatch.setenv("SLIMCACHING_NUMBA", "0")  # the switch users have: back to numpy
+    assert dec_mod.Decomposition(problem).kernels is None
+    assert np.array_equal(compiled.x, plain.x)
+    assert compiled.params["work"] == plain.params["work"]

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slimcaching.algorithms import _kernels
 from slimcaching.algorithms._tables import (
+    MAX_ZETA_CANDIDATES,
+    PrefixGroup,
     ValueTable,
     build_group,
     build_row_group,
@@ -28,11 +31,13 @@ from slimcaching.algorithms._tables import (
     knapsack,
     maxplus_merge,
     pattern_bits,
+    prefix_form,
     value_table,
     zeta_work,
 )
 from slimcaching.problem import Problem
 
+COMPILED_MIN_ROW_VISITS = 2_000_000  # rows x servers from which the numba kernels are used
 ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (2^K tables too large)
 INF = np.inf
 
@@ -49,8 +54,12 @@ class Decomposition:
     """Groups, reach and cached tables of a compact problem, for a placement that changes one
     server at a time through :meth:`set_cache`."""
 
-    def __init__(self, problem: Problem, x: np.ndarray | None = None):
+    def __init__(self, problem: Problem, x: np.ndarray | None = None, compiled: bool | None = None):
         p = problem.compact()
+        # the compiled kernels pay for numba's import (~0.3 s) only on large problems
+        if compiled is None:
+            compiled = len(p.row_home) * p.n_servers >= COMPILED_MIN_ROW_VISITS
+        self.kernels = _kernels.kernels() if compiled else None
         self.problem = p
         self.x = p.empty_placement() if x is None else x.copy()
         ns = p.n_servers
@@ -80,6 +89,7 @@ class Decomposition:
         self.dirty = np.ones(ns, bool)  # False: nothing n's best response depends on changed since
         self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.entries: dict[tuple[int, int], _Entry] = {}
+        self._local_items: dict[int, np.ndarray] = {}  # per group: its rows' experts as local indices (e: absent)
         self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {},
                       "work": 0.0}
 
@@ -122,9 +132,16 @@ class Decomposition:
             return np.zeros(0, np.int64)
         return np.repeat(a - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(lens.sum())
 
-    def group_problem(self, g: int, n: int):
+    def group_problem(self, g: int, n: int, exact_budget: float = float("inf")):
         """The group problem of server n for group g (others' caches as in ``x``), or None when no
-        row can gain from n."""
+        row can gain from n: in prefix form when its exact table (the zeta transform) fits
+        ``exact_budget``, else as pattern tables (or rows, for large K) for the approximations."""
+        if self.kernels is not None:
+            return self._group_problem_compiled(g, n, exact_budget, self.kernels)
+        return self._group_problem_numpy(g, n, exact_budget)
+
+    def _group_problem_numpy(self, g: int, n: int, exact_budget: float):
+        """:meth:`group_problem` in numpy (the reference for the compiled kernels)."""
         p = self.problem
         rows = self.rows_for(g, n)
         if len(rows) == 0:
@@ -150,6 +167,14 @@ class Decomposition:
             return None
         rows, rc, cand, v, items = rows[act], rc[act], cand[act], v[act], items[act]
         local, access, w = p.row_local[rows], p.row_access[rows], p.row_weight[rows]
+        local_idx = local_idx[act]
+        used = np.zeros(e + 1, bool)
+        used[local_idx[cand]] = True
+        n_cand = int(used[:e].sum())
+        if n_cand <= MAX_ZETA_CANDIDATES and (2.0**n_cand) * (n_cand + 1) + len(rows) * (k + 1) <= exact_budget:
+            compact = np.cumsum(used) - 1  # candidate index of each used expert of the group
+            masks, coefs = prefix_form(compact[local_idx], cand, rc, v, local, access, w)
+            return PrefixGroup(lo + np.nonzero(used[:e])[0], masks, coefs)
         if k > ROW_GROUP_MIN_K:
             return build_row_group(items, cand, rc, v, local, access, w)
         bits = pattern_bits(k)
@@ -159,6 +184,37 @@ class Decomposition:
             worst = np.maximum(worst, np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None]))
         tables = w[:, None] * (old[:, None] - np.maximum(local[:, None], access[:, None] + worst))
         return build_group(items, cand, tables)
+
+    def _group_problem_compiled(self, g: int, n: int, exact_budget: float, fast):
+        """:meth:`group_problem` through the compiled row kernels: the same arrays in prefix form;
+        the numpy path where the exact table does not fit ``exact_budget``."""
+        p = self.problem
+        m = int(self.g_model[g])
+        homes = np.nonzero(self.reach[n, :, m])[0]
+        if len(homes) == 0:
+            return None
+        k = p.scenario.models[m].top_k
+        lo, e = int(self.g_lo[g]), int(self.g_e[g])
+        lidx = self._local_items.get(g)
+        if lidx is None:
+            items = p.row_items[self.g_start[g]:self.g_end[g], :k]
+            lidx = np.ascontiguousarray(np.where(items < p.n_items, items - lo, e), np.int64)
+            self._local_items[g] = lidx
+        remote = self.remote_without(g, n)
+        v_home = np.ascontiguousarray(p.holder_cost[:, n, m])
+        forced = self.force[n, lo:lo + e].copy() if self.force is not None else np.zeros(e, bool)
+        forbidden = self.forbid[n, lo:lo + e].copy() if self.forbid is not None else np.zeros(e, bool)
+        candidates, prefix_rows, _ = fast
+        args = (lidx, int(self.g_start[g]), self.home_ptr[g], homes, remote, v_home, forced, forbidden, e)
+        used, active = candidates(*args)
+        if active == 0:
+            return None
+        n_cand = int(used.sum())
+        if n_cand > MAX_ZETA_CANDIDATES or (2.0**n_cand) * (n_cand + 1) + active * (k + 1) > exact_budget:
+            return self._group_problem_numpy(g, n, exact_budget)
+        compact = np.cumsum(used) - 1
+        masks, coefs, _ = prefix_rows(*args, compact, active, p.row_local, p.row_access, p.row_weight)
+        return PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
 
     # ---- best response -----------------------------------------------------------------------
     def best_response(self, n: int, fast: bool, exact_budget: float, beam_width: int,
@@ -185,14 +241,14 @@ class Decomposition:
             if ent is None or ent.version != self.version[g]:
                 if inputs is None:
                     inputs = self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
-                gp = self.group_problem(g, n)
+                gp = self.group_problem(g, n, exact_budget)
                 table, held = None, 0.0
                 if gp is not None:
                     m = int(self.g_model[g])
                     size = p.item_size[self.g_lo[g]]
                     kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
                     table = value_table(gp, kmax, exact_budget, beam_width=beam_width,
-                                        completions=8 if fast else 32)
+                                        completions=8 if fast else 32, kernels=self.kernels)
                     self.stats["work"] += zeta_work(gp)
                     method = "exact" if table.exact else table.method
                     self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1

@@ -73,6 +73,77 @@ def build_group(items: np.ndarray, cand: np.ndarray, tables: np.ndarray) -> Grou
     return GroupProblem(experts, uniq, gains)
 
 
+def prefix_form(pos: np.ndarray, cand: np.ndarray, rc: np.ndarray, v: np.ndarray, local: np.ndarray,
+                access: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's value as a sum over the K prefixes of its candidates sorted by remote cost.
+
+    A row's latency is max(local, access + worst) where worst is the largest remote cost of its
+    experts not brought to cost ``v`` by the cache. Caching a candidate helps only once every
+    costlier candidate is cached too, so the row's reduction depends on a subset P of its
+    candidates only through the longest prefix of the cost-sorted candidates P contains: it is a
+    staircase g(level(P)), and its Moebius transform is g(l) - g(l-1) on the l-th prefix and zero
+    elsewhere. Returns ``masks`` [R, K] (int64 bit mask over candidate indices ``pos`` of the
+    l-th prefix) and ``coefs`` [R, K] (the increments, weighted; zero beyond a row's candidates).
+    O(R K log K) instead of the O(R 2^K K) of pattern tables.
+
+    ``pos`` [R, K] candidate index per position (any value where ``cand`` is False), ``cand`` [R, K]
+    positions the cache can improve (rc > v), ``rc`` [R, K] current remote costs (-inf at absent
+    positions), ``v`` [R] cost via this server."""
+    r, k = cand.shape
+    key = np.where(cand, rc, -np.inf)
+    order = np.argsort(-key, axis=1, kind="stable")
+    srt = np.take_along_axis(key, order, axis=1)
+    rest = np.where(cand, -np.inf, rc).max(axis=1) if k else np.full(r, -np.inf)  # positions the cache cannot improve
+    worst = np.empty((r, k + 1))
+    worst[:, :k] = srt
+    worst[:, k] = -np.inf
+    np.maximum(worst, rest[:, None], out=worst)
+    np.maximum(worst[:, 1:], v[:, None], out=worst[:, 1:])
+    lat = np.maximum(local[:, None], access[:, None] + worst)
+    coefs = (lat[:, :-1] - lat[:, 1:]) * w[:, None]
+    sorted_cand = np.take_along_axis(cand, order, axis=1)
+    bit = np.where(sorted_cand, np.left_shift(1, np.where(sorted_cand, np.take_along_axis(pos, order, axis=1), 0)), 0)
+    return np.cumsum(bit.astype(np.int64), axis=1), np.where(sorted_cand, coefs, 0.0)
+
+
+@dataclass
+class PrefixGroup:
+    """A group in prefix form (:func:`prefix_form`): ``masks`` [R, K] bit masks over the candidate
+    indices and ``coefs`` [R, K] their Moebius coefficients; ``experts`` the candidate item ids.
+    For at most :data:`MAX_ZETA_CANDIDATES` candidates (the masks are int64)."""
+
+    experts: np.ndarray
+    masks: np.ndarray
+    coefs: np.ndarray
+
+    @property
+    def n_candidates(self) -> int:
+        return len(self.experts)
+
+    def values(self, masks: np.ndarray) -> np.ndarray:
+        y = (np.asarray(masks, np.int64) << np.arange(self.n_candidates)).sum(axis=1)
+        inside = (self.masks[None, :, :] & ~y[:, None, None]) == 0
+        return (inside * self.coefs[None, :, :]).sum(axis=(1, 2))
+
+    def as_patterns(self) -> GroupProblem:
+        """The same group as pattern tables (for the approximations that need them)."""
+        k = self.masks.shape[1]
+        prev = np.concatenate([np.zeros((len(self.masks), 1), np.int64), self.masks[:, :-1]], axis=1)
+        newbit = self.masks ^ prev
+        cand = newbit != 0
+        idx = np.where(cand, np.log2(np.where(cand, newbit, 1)).round().astype(np.int64), 0)
+        items = np.where(cand, self.experts[idx] if len(self.experts) else 0, -1)
+        # pattern q over the sorted positions: its level is the number of trailing ones
+        q = np.arange(2**k)
+        level = np.zeros(2**k, np.int64)
+        for j in range(k):
+            level += np.all(((q[:, None] >> np.arange(j + 1)) & 1) == 1, axis=1)
+        cum = np.concatenate([np.zeros((len(self.coefs), 1)), np.cumsum(self.coefs, axis=1)], axis=1)
+        tables = cum[:, level]
+        # non-candidate positions are never set: their patterns are irrelevant but kept consistent
+        return build_group(np.where(cand, items, self.experts.max(initial=0) + 1), cand, tables)
+
+
 @dataclass
 class RowGroup:
     """A group kept as rows (no 2^K pattern tables): for large K. ``pos`` [R, K] candidate index per
@@ -203,7 +274,7 @@ class ValueTable:
 
 
 def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width: int = 16,
-                completions: int = 32, beam_budget: float = 3e8) -> ValueTable:
+                completions: int = 32, beam_budget: float = 3e8, kernels=None) -> ValueTable:
     """V(k) for k = 0..kmax.
 
     Exact by a Moebius/zeta transform over all 2^E' subsets (:func:`subset_values`) when
@@ -211,13 +282,15 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
     otherwise a beam search of width ``beam_width`` when its estimated work
     kmax * width * (E' + completions) * T * K is at most ``beam_budget`` (and width > 1);
     otherwise an incremental greedy with set completions (on rows for large K). Only the exact
-    tables are labelled exact."""
+    tables are labelled exact. ``kernels``: the compiled kernels (:mod:`._kernels`) or None."""
     e = group.n_candidates
     kmax = min(kmax, e)
     if e == 0 or kmax == 0:
         return ValueTable(np.zeros(1), [np.zeros(0, np.int64)], True)
     if e <= MAX_ZETA_CANDIDATES and zeta_work(group) <= exact_budget:
-        return _zeta_table(group, kmax)
+        return _zeta_table(group, kmax, kernels)
+    if isinstance(group, PrefixGroup):
+        group = group.as_patterns()
     if isinstance(group, RowGroup):
         return _row_greedy_table(group, kmax, min(completions, 8))
     t, k = group.keys.shape
@@ -230,27 +303,15 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
 MAX_ZETA_CANDIDATES = 22  # 2^22 subsets: 32 MB of float64 per table being built
 
 
-def zeta_work(group: GroupProblem | RowGroup) -> float:
+def zeta_work(group: GroupProblem | RowGroup | PrefixGroup) -> float:
     """Elementary operations of :func:`subset_values`: the transform over 2^E' subsets plus the
-    per-row pattern tables (2^K each)."""
+    Moebius coefficients (2^K K per pattern table; K per row in prefix form)."""
     e = group.n_candidates
-    k = group.keys.shape[1] if isinstance(group, GroupProblem) else group.pos.shape[1]
-    rows = len(group.keys) if isinstance(group, GroupProblem) else len(group.pos)
-    return (2.0**e) * (e + 1) + rows * (2.0**k) * (k + 1)
-
-
-def _row_pattern_tables(group: RowGroup, rows: np.ndarray) -> np.ndarray:
-    """[len(rows), 2^K] latency reduction of each row for every pattern of its positions."""
-    k = group.pos.shape[1]
-    bits = pattern_bits(k)
-    cand = group.pos[rows] < group.n_candidates
-    rc, v = group.rc[rows], group.v[rows]
-    worst = np.full((len(rows), len(bits)), -np.inf)
-    for j in range(k):
-        worst = np.maximum(worst, np.where(bits[None, :, j] & cand[:, j, None], v[:, None], rc[:, j, None]))
-    local, access = group.local[rows], group.access[rows]
-    old = np.maximum(local, access + rc.max(axis=1))
-    return group.w[rows, None] * (old[:, None] - np.maximum(local[:, None], access[:, None] + worst))
+    if isinstance(group, GroupProblem):
+        k = group.keys.shape[1]
+        return (2.0**e) * (e + 1) + len(group.keys) * (2.0**k) * (k + 1)
+    rows, k = group.masks.shape if isinstance(group, PrefixGroup) else group.pos.shape
+    return (2.0**e) * (e + 1) + rows * (k + 1)
 
 
 def _moebius_coefficients(keys: np.ndarray, gains: np.ndarray, e: int) -> np.ndarray:
@@ -272,22 +333,30 @@ def _moebius_coefficients(keys: np.ndarray, gains: np.ndarray, e: int) -> np.nda
     return np.bincount(emask.ravel(), weights=g.ravel(), minlength=2**e)
 
 
-def subset_values(group: GroupProblem | RowGroup, chunk_rows: int = 1 << 15) -> np.ndarray:
+def subset_coefficients(group: GroupProblem | RowGroup | PrefixGroup) -> np.ndarray:
+    """c(S) for every subset S of the group's candidates (integer mask over E'): the sum over rows
+    of the Moebius coefficients of their tables (see :func:`subset_values`)."""
+    e = group.n_candidates
+    if isinstance(group, GroupProblem):
+        return _moebius_coefficients(group.keys, group.gains, e)
+    if isinstance(group, PrefixGroup):
+        return np.bincount(group.masks.ravel(), weights=group.coefs.ravel(), minlength=2**e)
+    cand = group.pos < e
+    masks, coefs = prefix_form(group.pos, cand, group.rc, group.v, group.local, group.access, group.w)
+    return np.bincount(masks.ravel(), weights=coefs.ravel(), minlength=2**e)
+
+
+def subset_values(group: GroupProblem | RowGroup | PrefixGroup) -> np.ndarray:
     """Value of every subset of the group's candidates: ``out[mask]`` for the integer mask over E'.
 
     The value of Y is sum_rows f_row(Y & row's candidates). Writing each row's pattern table in its
     Moebius form f_row(P) = sum_{Q <= P} m_row(Q) turns the sum into sum_{S <= Y} c(S) over subsets
     S of experts, whose zeta (subset-sum) transform gives all 2^E' values in O(E' 2^E') after
-    O(rows 2^K K) to collect c. References: Yates (1937); Bjorklund et al., "Fourier meets Moebius:
+    O(rows 2^K K) to collect c (O(rows K) for rows in prefix form, :func:`prefix_form`).
+    References: Yates (1937); Bjorklund et al., "Fourier meets Moebius:
     fast subset convolution", STOC 2007."""
     e = group.n_candidates
-    if isinstance(group, GroupProblem):
-        c = _moebius_coefficients(group.keys, group.gains, e)
-    else:
-        c = np.zeros(2**e)
-        for a in range(0, len(group.pos), chunk_rows):
-            rows = np.arange(a, min(len(group.pos), a + chunk_rows))
-            c += _moebius_coefficients(group.pos[rows], _row_pattern_tables(group, rows), e)
+    c = subset_coefficients(group)
     for j in range(e):
         v = c.reshape(-1, 2, 1 << j)
         v[:, 1, :] += v[:, 0, :]
@@ -310,19 +379,21 @@ def subsets_by_size(e: int) -> tuple[np.ndarray, np.ndarray]:
     return _BY_SIZE[e]
 
 
-def _zeta_table(group: GroupProblem | RowGroup, kmax: int) -> ValueTable:
+def _zeta_table(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, kernels=None) -> ValueTable:
     e = group.n_candidates
-    vals = subset_values(group)
-    order, starts = subsets_by_size(e)
-    best = np.full(kmax + 1, -np.inf)
-    masks: list = [None] * (kmax + 1)
-    best[0], masks[0] = 0.0, np.zeros(e, bool)
+    if kernels is not None:  # the same transform and ties, without 2^E' temporaries
+        best, arg = kernels[2](subset_coefficients(group), e, kmax)
+    else:
+        vals = subset_values(group)
+        order, starts = subsets_by_size(e)
+        best, arg = np.full(kmax + 1, -np.inf), np.zeros(kmax + 1, np.int64)
+        for k in range(1, kmax + 1):
+            seg = order[starts[k]:starts[k + 1]]
+            j = int(np.argmax(vals[seg]))
+            best[k], arg[k] = vals[seg[j]], seg[j]
+    best[0], arg[0] = 0.0, 0
     shifts = np.arange(e)
-    for k in range(1, kmax + 1):
-        seg = order[starts[k]:starts[k + 1]]
-        j = int(np.argmax(vals[seg]))
-        best[k] = vals[seg[j]]
-        masks[k] = ((int(seg[j]) >> shifts) & 1).astype(bool)
+    masks = [((int(a) >> shifts) & 1).astype(bool) for a in arg]
     return _finish(best, masks, group, True)
 
 

@@ -64,12 +64,14 @@ def server_order(problem: Problem, order: str | list | None) -> list[int]:
     return out
 
 
-def server_groups(problem: Problem, x: np.ndarray, n: int):
+def server_groups(problem: Problem, x: np.ndarray, n: int, exact_budget: float = float("inf")):
     """Group problems of server n with the other servers' caches fixed as in ``x`` (x[n] ignored):
-    yields (model index, layer, group) for every (model, layer) where n's cache can gain."""
+    yields (model index, layer, group) for every (model, layer) where n's cache can gain (in
+    prefix form where the exact table fits ``exact_budget``; ``exact_budget=0``: the forms of the
+    approximations)."""
     dec = Decomposition(problem, x)
     for g in range(len(dec.g_start)):
-        gp = dec.group_problem(g, n)
+        gp = dec.group_problem(g, n, exact_budget)
         if gp is not None:
             yield int(dec.g_model[g]), int(dec.g_layer[g]), gp
 
