@@ -1,6 +1,6 @@
 """Benchmark: certificates (issue: placement v2).
 
-For a scenario: the LP lower bound (time, value, method), each algorithm's latency and its gap to
+For a scenario: the lower bounds (storage, one server per home, LP; time, value, method), each algorithm's latency and its gap to
 the bound, and `exact` warm-started with a time limit (status, incumbent, bound, gap).
 
 Run: python benchmarks/bench_bound.py [--size 5x50] [--bound-limit 600] [--exact-limit 60] [--json OUT]
@@ -33,6 +33,8 @@ def main() -> None:
     lb = cert["lower_bound_s"]
     print(f"{args.size}: lower bound {lb * 1e3:.4f} ms ({cert['bound_method']}) in {cert['bound_seconds']:.1f} s; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB", flush=True)
+    for name, value in cert["bounds_s"].items():
+        print(f"  bound {value * 1e3:10.4f} ms  {name}", flush=True)
     out = {"size": args.size, **cert, "algorithms": {}}
     for a in args.algos.split(","):
         pl = solve(problem, a)

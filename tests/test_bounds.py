@@ -30,7 +30,8 @@ def test_bounds_never_exceed_brute_force_optimum(seed):
     cert = lower_bound(problem, time_limit=30)
     assert cert["lower_bound_s"] <= opt * (1 + 1e-12)
     assert cert["lower_bound_s"] >= storage_bound(problem) - 1e-15
-    assert cert["bound_method"].startswith("LP relaxation") or cert["bound_method"].startswith("unlimited")
+    assert cert["bound_method"].split(" (")[0] in ("LP relaxation", "unlimited edge storage", "one server per home")
+    assert all(b <= opt * (1 + 1e-12) for b in cert["bounds_s"].values())
     ex = solve(problem, "exact", {"time_limit": 30})
     assert ex.info["optimal"] and ex.info["objective_s"] == pytest.approx(opt, rel=1e-9)
     assert ex.info["bound_s"] <= opt * (1 + 1e-9)
@@ -107,3 +108,39 @@ def test_cli_bound_and_exact_time_limit(tmp_path):
     assert res.exit_code == 0 and "time limit of 0.5 s reached" in text and "not proven optimal" in text
     e = json.loads((tmp_path / "e.json").read_text())
     assert e["status"] == "time_limit" and e["optimal"] is False and e["objective_s"] <= e["warm_start_s"] + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_home_bound_never_exceeds_the_optimum(seed):
+    """The one-server-per-home bound is below the brute-force optimum (device caches, K = 1..3,
+    one or two models, reach: virtual homes), and above the unlimited-storage bound."""
+    from slimcaching.bounds import home_bound
+
+    problem = _problem(seed=seed, servers=2 + seed % 2, users=3 + seed % 3, experts=3, top_k=1 + seed % 3, layers=2,
+                       models=1 + seed % 2, capacity_experts=1.5 + seed % 3, local_experts=seed % 2,
+                       reach=2 if seed % 4 == 3 else 0)
+    if problem.n_items * problem.n_servers > 16:
+        ex = solve(problem, "exact", {"time_limit": 60})
+        assert ex.info["optimal"]
+        opt = ex.info["objective_s"]
+    else:
+        opt = brute_force(problem)
+    hb = home_bound(problem)
+    assert hb["all_tables_exact"]
+    assert storage_bound(problem) * (1 - 1e-12) <= hb["lower_bound_s"] <= opt * (1 + 1e-12)
+
+
+def test_home_bound_fallbacks_stay_valid(monkeypatch):
+    """Where a group is beyond the exact transform, its table is replaced by an upper bound and the
+    bound only weakens; a capacity grid that is not exact rounds sizes down."""
+    import slimcaching.algorithms._tables as tables
+    from slimcaching.bounds import _units_down, home_bound
+
+    problem = _problem(seed=3, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=2.5)
+    exact = home_bound(problem)
+    monkeypatch.setattr(tables, "MAX_ZETA_CANDIDATES", 1)
+    loose = home_bound(problem)
+    assert not loose["all_tables_exact"]
+    assert storage_bound(problem) * (1 - 1e-12) <= loose["lower_bound_s"] <= exact["lower_bound_s"] * (1 + 1e-12)
+    units, cap, is_exact = _units_down(np.array([1.5, 2.25e9]), 1e12, tables.capacity_units)
+    assert not is_exact and cap == 60000 and units[0] == 0 and units[1] == int(2.25e9 / (1e12 / 60000))
