@@ -1,7 +1,8 @@
 """Benchmark: certificates (issue: placement v2).
 
-For a scenario: the lower bounds (storage, one server per home, LP; time, value, method), each algorithm's latency and its gap to
-the bound, and `exact` warm-started with a time limit (status, incumbent, bound, gap).
+For a scenario: the lower bounds (storage, capacity levels, LP; time, value, method), each
+algorithm's latency and its gap to the bound, and `exact` warm-started with a time limit (status,
+incumbent, bound, gap).
 
 Run: python benchmarks/bench_bound.py [--size 5x50] [--bound-limit 600] [--exact-limit 60] [--json OUT]
 """

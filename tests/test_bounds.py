@@ -30,7 +30,8 @@ def test_bounds_never_exceed_brute_force_optimum(seed):
     cert = lower_bound(problem, time_limit=30)
     assert cert["lower_bound_s"] <= opt * (1 + 1e-12)
     assert cert["lower_bound_s"] >= storage_bound(problem) - 1e-15
-    assert cert["bound_method"].split(" (")[0] in ("LP relaxation", "unlimited edge storage", "one server per home")
+    assert cert["bound_method"].split(" (")[0] in ("LP relaxation", "unlimited edge storage",
+                                                    "capacity levels around each home")
     assert all(b <= opt * (1 + 1e-12) for b in cert["bounds_s"].values())
     ex = solve(problem, "exact", {"time_limit": 30})
     assert ex.info["optimal"] and ex.info["objective_s"] == pytest.approx(opt, rel=1e-9)
@@ -112,8 +113,8 @@ def test_cli_bound_and_exact_time_limit(tmp_path):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_home_bound_never_exceeds_the_optimum(seed):
-    """The one-server-per-home bound is below the brute-force optimum (device caches, K = 1..3,
-    one or two models, reach: virtual homes), and above the unlimited-storage bound."""
+    """The levels bound is below the brute-force optimum (device caches, K = 1..3, one or two
+    models, reach: virtual homes), and above the unlimited-storage bound."""
     from slimcaching.bounds import home_bound
 
     problem = _problem(seed=seed, servers=2 + seed % 2, users=3 + seed % 3, experts=3, top_k=1 + seed % 3, layers=2,
@@ -128,6 +129,10 @@ def test_home_bound_never_exceeds_the_optimum(seed):
     hb = home_bound(problem)
     assert hb["all_tables_exact"]
     assert storage_bound(problem) * (1 - 1e-12) <= hb["lower_bound_s"] <= opt * (1 + 1e-12)
+    # fewer levels: the levels left out count their whole gain, a weaker (still valid) bound
+    one, two = home_bound(problem, max_levels=1), home_bound(problem, max_levels=2)
+    assert storage_bound(problem) * (1 - 1e-12) <= one["lower_bound_s"] <= two["lower_bound_s"] * (1 + 1e-12)
+    assert two["lower_bound_s"] <= hb["lower_bound_s"] * (1 + 1e-12)
 
 
 def test_home_bound_fallbacks_stay_valid(monkeypatch):

@@ -5,9 +5,9 @@ Three bounds, the largest is reported:
 - *unlimited edge storage*: the latency with every expert at every server. Caching more never
   raises the latency (every remote cost is a minimum over holders), so this is below the optimum
   of any capacity. Instant, but weak when storage is scarce.
-- *one server per home* (:func:`home_bound`): each home keeps its cheapest server's capacity and
-  sees everything else at its second-cheapest holder's cost; exact single-server problems. Seconds
-  at 50 x 5,000; between the other two.
+- *capacity levels around each home* (:func:`home_bound`): per home and per "level" (its j
+  cheapest servers), the best use of those servers' total capacity, each an exact
+  single-server problem. Seconds at 50 x 5,000; between the other two.
 - *LP relaxation* of the MILP of :mod:`slimcaching.formulation`, solved by HiGHS's interior point
   method without crossover; the bound is computed from its duals by weak duality (valid however
   inexact the duals are). Within a time limit; if it is not solved, only the first bound is used.
@@ -33,23 +33,31 @@ def storage_bound(problem: Problem) -> float:
     return float(problem.objective(np.ones((problem.n_servers, problem.n_items), bool)))
 
 
-def home_bound(problem: Problem) -> dict:
-    """A lower bound from one server per home: each home h keeps only its cheapest server n1(h)
-    (capacity Q_{n1}) and sees every other expert at the cheaper of the cloud and its
-    second-cheapest server, as if the neighbours held everything.
+def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
+    """A lower bound from the capacity near each home ("levels"), by exact single-server problems.
 
-    Valid: in any placement x, an expert of home h's rows costs at least c1 = hc(h, n1) if n1
-    holds it and at least c2 = min(cloud, min_{n != n1} hc(h, n)) otherwise; so h's rows cost at
-    least what they cost in this relaxation with n1's cache x_{n1}, which fits Q_{n1}. Homes are
-    then independent, and each is a single-server problem solved *exactly*: group tables by the
-    zeta transform (a row gains only once all its remote experts are at n1), the knapsack over
-    groups on the exact gcd capacity grid. A group beyond the exact transform's reach gets the
-    upper bound "every row gains" for any non-empty choice (still a valid bound, weaker); a
-    capacity grid that is not exact rounds sizes *down* (a larger feasible set, a lower bound).
+    For home h order the servers by cost (sigma_1, sigma_2, ...) and let S_j be the first j,
+    C_j their total capacity, g_j(m) = min(cloud, min_{n not in S_{j-1}} hc(h, n, m)) (so g_1 is
+    the cheapest holder's cost, g_{N+1} the cloud's) and B_j the experts some server of S_j
+    holds. In any placement an expert in B_j \\ B_{j-1} costs h at least g_j, so a row costs at
+    least L(g_j*) with j* the first level whose B_j holds all its remote experts, and
+    telescoping over the levels
 
-    Tight where caches serve mostly their own home's users; loose where neighbours share
-    (it ignores their capacity). Complexity: one exact group table per (home, group) and one
-    knapsack per home."""
+        T_h(x) >= sum_rows w L(cloud) - sum_j f_j(B_j),   f_j(B) = sum_{rows in B} w (L(g_{j+1}) - L(g_j)),
+
+    where B_j has size at most C_j. Dropping B_1 within B_2 within ... leaves one independent
+    single-server problem per (home, level): the best cache of size C_j for the gains of level
+    j, solved *exactly* (zeta group tables, in which a row gains once all its remote experts
+    are chosen; the knapsack over groups on the exact capacity grid). Levels whose C_j holds
+    every expert gain everything without a table, and so (an upper bound on their gains) do the
+    levels beyond ``max_levels``. With ``max_levels=1`` this is "each home keeps its cheapest
+    server, everything else at the second-cheapest cost".
+
+    A group beyond the exact transform's reach gets the upper bound "every row gains" for any
+    non-empty choice; a capacity grid that is not exact rounds sizes *down*: both keep the bound
+    valid and only weaken it. Tight where caches serve mostly nearby users; it ignores that
+    several homes share one server's capacity. Complexity: one exact group table per (home,
+    level, group) for the levels that cannot hold every expert, one knapsack per (home, level)."""
     from slimcaching.algorithms._decomposition import Decomposition
     from slimcaching.algorithms._tables import (
         MAX_ZETA_CANDIDATES,
@@ -66,67 +74,87 @@ def home_bound(problem: Problem) -> dict:
     p = problem.compact()
     dec = Decomposition(p, compiled=False)
     nh, ns = p.n_homes, p.n_servers
-    hc = p.holder_cost  # [H, N, M]
-    n1 = np.argmin(np.where(np.isfinite(hc), hc, 1e300).sum(axis=2), axis=1)  # [H]; any choice is valid
-    c1 = hc[np.arange(nh), n1, :]  # [H, M]
-    others = hc.copy()
-    others[np.arange(nh), n1, :] = np.inf
-    c2 = np.minimum(p.cloud_cost, others.min(axis=1))  # [H, M]
-    c1 = np.minimum(c1, c2)
+    finite = np.where(np.isfinite(p.holder_cost), p.holder_cost, 1e300)
+    everything = float(p.item_size.sum())
+    levels_max = ns if max_levels is None else max(1, min(ns, int(max_levels)))
     base = float(p.dense_term)
-    reduction = 0.0
-    exact = True
-    kmax_of = {}
+    reduction, exact, levels_used = 0.0, True, 0
     for h in range(nh):
-        tables, sizes = [], []
+        order = np.argsort(finite[h].sum(axis=1), kind="stable")  # any order gives a valid bound
+        g_cost = np.empty((ns + 1, p.holder_cost.shape[2]))  # g_cost[j - 1] = g_j
+        for j in range(ns + 1):
+            rest = p.holder_cost[h, order[j:], :]
+            g_cost[j] = np.minimum(p.cloud_cost[h], rest.min(axis=0) if j < ns else np.inf)
+        cap = np.cumsum(p.capacity[order])
+        # rows of home h per group, and their latency with everything at the cloud
+        parts = []
         for g in range(len(dec.g_start)):
             a, b = dec.home_ptr[g, h], dec.home_ptr[g, h + 1]
-            m, lo, e = int(dec.g_model[g]), int(dec.g_lo[g]), int(dec.g_e[g])
-            k = p.scenario.models[m].top_k
-            items = p.row_items[a:b, :k]
-            present = items < p.n_items
-            rc = np.where(present, c2[h, m], -np.inf)
-            local, access, w = p.row_local[a:b], p.row_access[a:b], p.row_weight[a:b]
-            base += float(w @ np.maximum(local, access + rc.max(axis=1, initial=-np.inf)))
-            if b == a or not c2[h, m] > c1[h, m]:
+            if b == a:
                 continue
-            cand = present
-            lidx = np.where(present, items - lo, e)
-            used = np.zeros(e + 1, bool)
-            used[lidx[cand]] = True
-            used[e] = False
-            compact = np.cumsum(used) - 1
-            masks, coefs = prefix_form(compact[np.minimum(lidx, e)], cand, rc, np.full(b - a, c1[h, m]), local,
-                                       access, w)
-            group = PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
-            size = float(p.item_size[lo])
-            key = (n1[h], size)
-            if key not in kmax_of:
-                kmax_of[key] = int(np.floor(p.capacity[n1[h]] / size + 1e-9))
-            kmax = min(kmax_of[key], group.n_candidates)
-            if group.n_candidates <= MAX_ZETA_CANDIDATES:
-                table = value_table(group, kmax, np.inf)
-            else:  # an upper bound on the table: every row gains as soon as anything is chosen
-                total = float(coefs.sum())
-                table = ValueTable(np.array([0.0] + [total] * kmax), [], False, "upper bound")
-                exact = False
-            tables.append(table.values)
-            sizes.append(size)
-        if not tables:
-            continue
-        units, cap_units, exact_units = _units_down(np.array(sizes), float(p.capacity[n1[h]]), capacity_units)
-        classes: dict[int, list[int]] = {}
-        for i, u in enumerate(units):
-            classes.setdefault(int(u), []).append(i)
-        merged, class_units = [], []
-        for u, members in classes.items():
-            limit = cap_units // u if u > 0 else sum(len(tables[i]) - 1 for i in members)
-            merged.append(maxplus_merge([tables[i] for i in members], limit)[0])
-            class_units.append(u)
-        value, _ = knapsack(merged, np.array(class_units), cap_units)
-        reduction += value
+            m, lo, e = int(dec.g_model[g]), int(dec.g_lo[g]), int(dec.g_e[g])
+            items = p.row_items[a:b, :p.scenario.models[m].top_k]
+            present = items < p.n_items
+            local, access, w = p.row_local[a:b], p.row_access[a:b], p.row_weight[a:b]
+            worst = np.where(present.any(axis=1), g_cost[ns, m], -np.inf)
+            base += float(w @ np.maximum(local, access + worst))
+            parts.append((m, lo, e, items, present, local, access, w))
+        for j in range(1, ns + 1):  # level j: servers order[:j], gains L(g_{j+1}) - L(g_j)
+            tables, sizes = [], []
+            # from here on every row may count as covered: the gains of all remaining levels
+            # together, L(cloud) - L(g_j), without tables (exact where C_j holds every expert,
+            # an upper bound on those levels' best gains beyond max_levels)
+            tail = j > levels_max or cap[j - 1] >= everything
+            for m, lo, e, items, present, local, access, w in parts:
+                hi_cost, lo_cost = g_cost[ns if tail else j, m], g_cost[j - 1, m]
+                if not hi_cost > lo_cost:
+                    continue
+                rc = np.where(present, hi_cost, -np.inf)
+                if tail:
+                    full = np.where(present.any(axis=1), np.maximum(local, access + lo_cost), local)
+                    reduction += float(w @ (np.maximum(local, access + rc.max(axis=1)) - full))
+                    continue
+                lidx = np.where(present, items - lo, e)
+                used = np.zeros(e + 1, bool)
+                used[lidx[present]] = True
+                used[e] = False
+                compact = np.cumsum(used) - 1
+                masks, coefs = prefix_form(compact[lidx], present, rc, np.full(len(w), lo_cost), local, access, w)
+                group = PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
+                size = float(p.item_size[lo])
+                kmax = min(int(np.floor(cap[j - 1] / size + 1e-9)), group.n_candidates)
+                if group.n_candidates <= MAX_ZETA_CANDIDATES:
+                    table = value_table(group, kmax, np.inf)
+                else:  # an upper bound on the table: every row gains as soon as anything is chosen
+                    table = ValueTable(np.array([0.0] + [float(coefs.sum())] * kmax), [], False, "upper bound")
+                    exact = False
+                tables.append(table.values)
+                sizes.append(size)
+            if tail:
+                break
+            if not tables:
+                continue
+            levels_used = max(levels_used, j)
+            reduction += _knapsack_value(tables, np.array(sizes), float(cap[j - 1]), capacity_units, maxplus_merge,
+                                         knapsack)
     bound = (base - reduction) * (1 - SAFETY)
-    return {"lower_bound_s": bound, "seconds": time.perf_counter() - t0, "all_tables_exact": exact}
+    return {"lower_bound_s": bound, "seconds": time.perf_counter() - t0, "all_tables_exact": exact,
+            "levels": levels_used}
+
+
+def _knapsack_value(tables, sizes, capacity, capacity_units, maxplus_merge, knapsack) -> float:
+    """max sum_g V_g(k_g) s.t. sum_g k_g s_g <= capacity, exactly (size classes merged by max-plus
+    convolution, then the knapsack), on a grid that can only enlarge the feasible set."""
+    units, cap_units, _ = _units_down(sizes, capacity, capacity_units)
+    classes: dict[int, list[int]] = {}
+    for i, u in enumerate(units):
+        classes.setdefault(int(u), []).append(i)
+    merged, class_units = [], []
+    for u, members in classes.items():
+        limit = cap_units // u if u > 0 else sum(len(tables[i]) - 1 for i in members)
+        merged.append(maxplus_merge([tables[i] for i in members], limit)[0])
+        class_units.append(u)
+    return knapsack(merged, np.array(class_units), cap_units)[0]
 
 
 def _units_down(sizes: np.ndarray, capacity: float, capacity_units) -> tuple[np.ndarray, int, bool]:
@@ -148,7 +176,7 @@ def lower_bound(problem: Problem, time_limit: float = 600.0) -> dict:
     p = problem.compact()
     found = {"unlimited edge storage": storage_bound(p)}
     home = home_bound(p)
-    found["one server per home (exact single-server relaxations)"] = home["lower_bound_s"]
+    found["capacity levels around each home (exact single-server relaxations)"] = home["lower_bound_s"]
     f = build_formulation(p)
     r = solve_lp_bound(f, time_limit)
     if r.dual_bound is not None:
