@@ -135,7 +135,7 @@ def _certify(problem, placement, latency: float, time_limit: float) -> str:
     """Add lower_bound_s / gap / bound_method to the placement; the summary's tail."""
     from slimcaching.bounds import gap, lower_bound
 
-    with console.status("proving a lower bound (LP relaxation) ..."):
+    with console.status("proving a lower bound ..."):
         cert = lower_bound(problem, time_limit)
     lb = cert["lower_bound_s"]
     own = placement.info.get("bound_s") if placement.info.get("status") else None
@@ -159,10 +159,12 @@ def solve_cmd(
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
-    bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the optimal latency (LP "
-                                        "relaxation) and report how near optimal the placement is.")] = False,
-    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for the LP of --bound; "
-                                                    "past it a weaker bound is used.")] = 600.0,
+    bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the optimal latency (the "
+                                        "best of the LP relaxation and two fast bounds) and report how near "
+                                        "optimal the placement is.")] = False,
+    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for --bound (the LP gets "
+                                                    "what the fast bounds leave); past it the best fast bound "
+                                                    "is used.")] = 600.0,
 ) -> None:
     """Compute a placement with one algorithm and write it as JSON."""
     from slimcaching.algorithms import get_algorithm, solve
