@@ -149,3 +149,17 @@ def test_home_bound_fallbacks_stay_valid(monkeypatch):
     assert storage_bound(problem) * (1 - 1e-12) <= loose["lower_bound_s"] <= exact["lower_bound_s"] * (1 + 1e-12)
     units, cap, is_exact = _units_down(np.array([1.5, 2.25e9]), 1e12, tables.capacity_units)
     assert not is_exact and cap == 60000 and units[0] == 0 and units[1] == int(2.25e9 / (1e12 / 60000))
+
+
+def test_highs_prints_no_banner(capfd):
+    """HiGHS >= 1.16 prints its banner on construction, before output can be switched off: the
+    solver objects are built with the C stdout muted, and stdout works afterwards."""
+    from slimcaching.formulation import _quiet_highs
+
+    h = _quiet_highs()
+    problem = _problem(seed=1, servers=2, users=3, experts=3, top_k=2, layers=1, models=1, capacity_experts=2)
+    solve_lp_bound(build_formulation(problem.compact()), 30)
+    print("after")
+    out = capfd.readouterr().out
+    assert "Running HiGHS" not in out and "after" in out
+    assert h.getOptionValue("output_flag")[1] is False

@@ -219,11 +219,35 @@ class HighsResult:
     seconds: float
 
 
+def _quiet_highs():
+    """``highspy.Highs()`` without the banner HiGHS >= 1.16 prints to the C stdout on construction,
+    before any option can switch output off (our summaries are the output)."""
+    import os
+    import sys
+
+    import highspy
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no usable fd 1: nothing to protect
+        h = highspy.Highs()
+    else:
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def _highs(f: Formulation, integer: bool, time_limit: float, options: dict):
     import highspy
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs()
     h.setOptionValue("time_limit", float(time_limit))
     for k, v in options.items():
         h.setOptionValue(k, v)
