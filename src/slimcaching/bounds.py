@@ -64,8 +64,7 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
         PrefixGroup,
         ValueTable,
         capacity_units,
-        knapsack,
-        maxplus_merge,
+        knapsack_by_size_class,
         prefix_form,
         value_table,
     )
@@ -135,26 +134,11 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
             if not tables:
                 continue
             levels_used = max(levels_used, j)
-            reduction += _knapsack_value(tables, np.array(sizes), float(cap[j - 1]), capacity_units, maxplus_merge,
-                                         knapsack)
+            units, cap_units, _ = _units_down(np.array(sizes), float(cap[j - 1]), capacity_units)
+            reduction += knapsack_by_size_class(tables, units, cap_units)[0]
     bound = (base - reduction) * (1 - SAFETY)
     return {"lower_bound_s": bound, "seconds": time.perf_counter() - t0, "all_tables_exact": exact,
             "levels": levels_used}
-
-
-def _knapsack_value(tables, sizes, capacity, capacity_units, maxplus_merge, knapsack) -> float:
-    """max sum_g V_g(k_g) s.t. sum_g k_g s_g <= capacity, exactly (size classes merged by max-plus
-    convolution, then the knapsack), on a grid that can only enlarge the feasible set."""
-    units, cap_units, _ = _units_down(sizes, capacity, capacity_units)
-    classes: dict[int, list[int]] = {}
-    for i, u in enumerate(units):
-        classes.setdefault(int(u), []).append(i)
-    merged, class_units = [], []
-    for u, members in classes.items():
-        limit = cap_units // u if u > 0 else sum(len(tables[i]) - 1 for i in members)
-        merged.append(maxplus_merge([tables[i] for i in members], limit)[0])
-        class_units.append(u)
-    return knapsack(merged, np.array(class_units), cap_units)[0]
 
 
 def _units_down(sizes: np.ndarray, capacity: float, capacity_units) -> tuple[np.ndarray, int, bool]:

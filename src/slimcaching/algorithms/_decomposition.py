@@ -28,8 +28,7 @@ from slimcaching.algorithms._tables import (
     build_group,
     build_row_group,
     capacity_units,
-    knapsack,
-    maxplus_merge,
+    knapsack_by_size_class,
     pattern_bits,
     prefix_form,
     value_table,
@@ -270,7 +269,7 @@ class Decomposition:
         self.stats["exact_units"] = self.stats["exact_units"] and exact_units
         # equal-size groups merged by exact max-plus convolution, then a knapsack over size classes:
         # the same optimum as the knapsack over groups, with far fewer DP cells
-        ks, cells = _fast_counts(tables, units, cap_units)
+        _, ks, cells = knapsack_by_size_class([t.values for t in tables], units, cap_units)
         self.stats["work"] += cells
         new_value, counts = 0.0, {}
         for g, t, k in zip(groups, tables, ks):
@@ -327,26 +326,3 @@ class Decomposition:
 
     def restore(self, snap: tuple) -> None:
         self.x, self.version, self.dirty, self.entries = snap[0].copy(), snap[1].copy(), snap[2].copy(), dict(snap[3])
-
-
-def _fast_counts(tables: list[ValueTable], units: np.ndarray, cap_units: int) -> tuple[list[int], float]:
-    """Merge equal-size groups by max-plus convolution (exact), then a knapsack over the size
-    classes; returns the count per group and the DP cells it filled (a work measure)."""
-    ks = [0] * len(tables)
-    classes: dict[int, list[int]] = {}
-    for gi, u in enumerate(units):
-        classes.setdefault(int(u), []).append(gi)
-    merged, allocs, class_units = [], [], []
-    for u, members in classes.items():
-        limit = cap_units // u if u > 0 else 0
-        w, alloc = maxplus_merge([tables[g].values for g in members], limit)
-        merged.append(w)
-        allocs.append(alloc)
-        class_units.append(u)
-    _, js = knapsack(merged, np.array(class_units), cap_units)
-    for ci, members in enumerate(classes.values()):
-        j = js[ci]
-        for t, g in enumerate(members):
-            ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
-    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t.values) ** 2 for t in tables))
-    return ks, cells

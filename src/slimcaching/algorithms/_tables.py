@@ -577,6 +577,31 @@ def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[f
     return value, ks
 
 
+def knapsack_by_size_class(tables: list[np.ndarray], units: np.ndarray,
+                           cap_units: int) -> tuple[float, list[int], float]:
+    """max sum_g V_g(k_g) s.t. sum_g k_g units_g <= cap_units: equal-size groups merged by max-plus
+    convolution (exact), then :func:`knapsack` over the size classes. Returns the value, the count
+    per group and the DP cells filled (a work measure). A class of size 0 may take everything."""
+    ks = [0] * len(tables)
+    classes: dict[int, list[int]] = {}
+    for gi, u in enumerate(units):
+        classes.setdefault(int(u), []).append(gi)
+    merged, allocs, class_units = [], [], []
+    for u, members in classes.items():
+        limit = cap_units // u if u > 0 else sum(len(tables[g]) - 1 for g in members)
+        w, alloc = maxplus_merge([tables[g] for g in members], limit)
+        merged.append(w)
+        allocs.append(alloc)
+        class_units.append(u)
+    value, js = knapsack(merged, np.array(class_units), cap_units)
+    for ci, members in enumerate(classes.values()):
+        j = js[ci]
+        for t, g in enumerate(members):
+            ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
+    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t) ** 2 for t in tables))
+    return value, ks, cells
+
+
 def maxplus_merge(tables: list[np.ndarray], limit: int) -> tuple[np.ndarray, list[np.ndarray]]:
     """Max-plus convolution of non-decreasing tables, up to ``limit`` experts in total.
 
