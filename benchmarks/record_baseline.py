@@ -5,12 +5,14 @@ writes: an algorithm may get better, never worse. Rerun only on purpose (after a
 meant to trade latency), and say so in the commit.
 
 Run: python benchmarks/record_baseline.py [--out tests/data/baseline_latencies.json]
+     python benchmarks/record_baseline.py --check   # every instance against the file (the test runs a fifth)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from slimcaching.algorithms import solve
 from slimcaching.evaluation import placement_latency
@@ -37,17 +39,34 @@ def latencies(data: dict, algos=ALGOS) -> dict[str, float]:
     return {a: placement_latency(problem, solve(problem, a)) for a in algos}
 
 
-def main() -> None:
+def worse_than_recorded(label: str, now: dict[str, float], baseline: dict) -> dict[str, tuple[float, float]]:
+    """Algorithms whose latency on instance ``label`` is above the recorded one: name -> (before, now)."""
+    return {a: (baseline[label][a], v) for a, v in now.items() if v > baseline[label][a] * (1 + 1e-9) + 1e-15}
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/baseline_latencies.json")
+    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
     args = ap.parse_args()
+    if args.check:
+        with open(args.out) as f:
+            baseline = json.load(f)
+        bad = 0
+        for label, data in instances():
+            worse = worse_than_recorded(label, latencies(data), baseline)
+            bad += bool(worse)
+            print(label, "WORSE (before, now): " + str(worse) if worse else "ok", flush=True)
+        print(f"{bad} instance(s) worse than recorded")
+        return 1 if bad else 0
     out = {}
     for label, data in instances():
         out[label] = latencies(data)
         print(label, {a: f"{v * 1e3:.6f} ms" for a, v in out[label].items()}, flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from slimcaching.scenario import resolve_local_caches
+
 
 def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts: int = 4, top_k: int = 2,
                        layers: int = 2, models: int = 1, capacity_experts: float = 2.0,
@@ -89,7 +91,7 @@ def _exec(flops, nbytes, f, bw):
 def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | None = None) -> float:
     """T-bar by SPEC section 3, literally. ``placement``: server -> set of (model, layer, expert);
     ``local``: user -> set of (model, layer, expert), default: the scenario's resolved caches."""
-    sc = sc.with_local_caches()
+    sc = resolve_local_caches(sc)
     num, den = 0.0, 0.0
     for u in sc.users:
         d_u = local[u.name] if local is not None else set(map(tuple, u.local_cache))
@@ -177,7 +179,7 @@ def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set
     set of model names). ``latency_model`` picks which options a pair may use."""
     import copy
 
-    sc = sc.with_local_caches()
+    sc = resolve_local_caches(sc)
     srv = {s.name: s for s in sc.servers}
     t_cl = lambda m: _exec(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)  # noqa: E731
     num = den = 0.0

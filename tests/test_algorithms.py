@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 
 import numpy as np
 import pytest
@@ -12,13 +11,14 @@ from hypothesis import strategies as st
 
 from helpers import brute_force, placement_sets, reference_latency, reference_served_latency, tiny_scenario_dict
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
-from slimcaching.algorithms._tables import knapsack, maxplus_merge, value_table
+from slimcaching.algorithms.checks import check_algorithm
+from slimcaching.algorithms.core.knapsack import knapsack, maxplus_merge
+from slimcaching.algorithms.core.values import value_table
 from slimcaching.algorithms.slimcaching import server_groups, solve_server
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_latency
-from slimcaching.placement import placement_from_dict
 from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.scenario import resolve_local_caches, resolve_scenario
 
 ALL = algorithm_names()
 CONTRACT_SCENARIOS = [
@@ -41,26 +41,9 @@ def _snapshot(problem):
 @pytest.mark.parametrize("sc", range(len(CONTRACT_SCENARIOS)))
 def test_algorithm_contract(name, sc):
     problem = _problem(**CONTRACT_SCENARIOS[sc])
-    before = _snapshot(problem)
     params = {"time_limit": 30} if name == "exact" else {}
-    pl = solve(problem, name, params)
-    # capacity
-    assert pl.x.shape == (problem.n_servers, problem.n_items) and pl.x.dtype == bool
-    assert problem.feasible(pl.x, pl.dense)
-    # input untouched
-    for k, v in _snapshot(problem).items():
-        assert np.array_equal(v, before[k]), k
-    # deterministic
-    again = solve(problem, name, params)
-    assert np.array_equal(pl.x, again.x)
-    # placement format round trip
+    pl = check_algorithm(name, problem, params)  # capacity, input untouched, deterministic, file round trip
     lat = placement_latency(problem, pl)
-    data = json.loads(json.dumps(pl.to_dict(problem, lat)))
-    assert data["format"] == "slimcaching/placement@1" and data["algorithm"] == name
-    assert data["mean_token_latency_s"] == lat
-    back = placement_from_dict(data, problem)
-    assert np.array_equal(back.x, pl.x) and back.latency_model == pl.latency_model
-    assert (back.dense is None) == (pl.dense is None) and (pl.dense is None or np.array_equal(back.dense, pl.dense))
     # reported latency equals an independent re-evaluation
     if pl.latency_model == "slimcaching":
         assert lat == pytest.approx(reference_latency(problem.scenario, placement_sets(problem, pl.x)), rel=1e-12)
@@ -153,7 +136,7 @@ def test_row_groups_agree_with_pattern_tables(monkeypatch):
     representations (pattern tables, rows, prefix form) give the same values, the zeta transform
     makes the tables exact, and the row greedy (no exact budget) is a feasible lower bound of the
     exact table."""
-    import slimcaching.algorithms._decomposition as dec_mod
+    import slimcaching.algorithms.core.decomposition as dec_mod
 
     problem = _problem(seed=12, servers=2, users=6, experts=6, top_k=3, layers=2, models=1, capacity_experts=6)
     x = problem.empty_placement()
@@ -190,7 +173,8 @@ def test_row_groups_agree_with_pattern_tables(monkeypatch):
 @given(st.integers(0, 2**31 - 1))
 def test_zeta_subset_values_match_direct_sums(seed):
     """The Moebius/zeta transform gives every subset's value as the direct sum over rows does."""
-    from slimcaching.algorithms._tables import GroupProblem, subset_values
+    from slimcaching.algorithms.core.groups import GroupProblem
+    from slimcaching.algorithms.core.values import subset_values
 
     rng = np.random.default_rng(seed)
     e, k, t = int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 12))
@@ -209,7 +193,7 @@ def test_prefix_form_matches_row_latencies(seed):
     """The prefix (staircase) form of rows gives, for every subset of candidates, the reduction
     computed directly from the row latencies: with ties in remote cost, absent positions (-inf),
     and positions that cost more than v but may not be cached (forbidden)."""
-    from slimcaching.algorithms._tables import prefix_form
+    from slimcaching.algorithms.core.groups import prefix_form
 
     rng = np.random.default_rng(seed)
     e, k, r = int(rng.integers(1, 7)), int(rng.integers(1, 5)), int(rng.integers(1, 10))
@@ -312,7 +296,7 @@ def test_co_activation_local_caches_are_optimal_without_edge():
         best = np.inf
         keys = [(sc.models[0].name, layer, e) for layer in range(2) for e in range(4)]
         for combo in itertools.chain.from_iterable(itertools.combinations(keys, r) for r in range(3)):
-            trial = sc.with_local_caches()
+            trial = resolve_local_caches(sc)
             trial.users[0].local_cache = list(combo)
             p = build_problem(trial)
             best = min(best, p.objective(p.empty_placement()))
@@ -324,11 +308,12 @@ def test_compiled_kernels_match_numpy_reference(seed):
     """The numba row kernels give the numpy reference's prefix form array for array (with kicks'
     forced and forbidden experts too), and the compiled zeta transform the same tables and ties."""
     pytest.importorskip("numba")
-    from slimcaching.algorithms import _kernels
-    from slimcaching.algorithms._decomposition import Decomposition
-    from slimcaching.algorithms._tables import PrefixGroup, _zeta_table
+    from slimcaching.algorithms.core import kernels
+    from slimcaching.algorithms.core.decomposition import Decomposition
+    from slimcaching.algorithms.core.groups import PrefixGroup
+    from slimcaching.algorithms.core.values import zeta_table
 
-    assert _kernels.kernels() is not None
+    assert kernels.kernels() is not None
     problem = _problem(seed=seed, servers=3, users=8, experts=6, top_k=1 + seed % 4, layers=2, models=1 + seed % 2,
                        capacity_experts=4, local_experts=seed % 2, reach=1 + seed % 2)
     rng = np.random.default_rng(seed)
@@ -341,7 +326,7 @@ def test_compiled_kernels_match_numpy_reference(seed):
         for n in range(problem.n_servers):
             for g in range(len(dec.g_start)):
                 ref = dec._group_problem_numpy(g, n, np.inf)
-                got = dec._group_problem_compiled(g, n, np.inf, _kernels.kernels())
+                got = dec._group_problem_compiled(g, n, np.inf, kernels.kernels())
                 assert (ref is None) == (got is None)
                 if ref is None:
                     continue
@@ -349,8 +334,8 @@ def test_compiled_kernels_match_numpy_reference(seed):
                 assert np.array_equal(ref.experts, got.experts)
                 assert np.array_equal(ref.masks, got.masks)
                 assert np.array_equal(ref.coefs, got.coefs)
-                compiled = _zeta_table(got, got.n_candidates, _kernels.kernels())
-                plain = _zeta_table(ref, ref.n_candidates)
+                compiled = zeta_table(got, got.n_candidates, kernels.kernels())
+                plain = zeta_table(ref, ref.n_candidates)
                 assert np.array_equal(compiled.values, plain.values)
                 assert all(np.array_equal(a, b) for a, b in zip(compiled.choice, plain.choice))
                 compared += 1
@@ -359,7 +344,7 @@ def test_compiled_kernels_match_numpy_reference(seed):
 
 def test_slimcaching_same_placement_with_and_without_kernels(monkeypatch):
     pytest.importorskip("numba")
-    import slimcaching.algorithms._decomposition as dec_mod
+    import slimcaching.algorithms.core.decomposition as dec_mod
 
     problem = _problem(seed=5, servers=4, users=10, experts=6, top_k=2, layers=3, models=2, capacity_experts=5)
     plain = solve(problem, "slimcaching")

@@ -138,16 +138,20 @@ def test_home_bound_never_exceeds_the_optimum(seed):
 def test_home_bound_fallbacks_stay_valid(monkeypatch):
     """Where a group is beyond the exact transform, its table is replaced by an upper bound and the
     bound only weakens; a capacity grid that is not exact rounds sizes down."""
-    import slimcaching.algorithms._tables as tables
+    import slimcaching.algorithms.core.values as tables
+    from slimcaching.algorithms.core.knapsack import capacity_units
     from slimcaching.bounds import _units_down, home_bound
 
     problem = _problem(seed=3, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=2.5)
     exact = home_bound(problem)
-    monkeypatch.setattr(tables, "MAX_ZETA_CANDIDATES", 1)
+    import slimcaching.bounds as bounds_module
+
+    for module in (tables, bounds_module):  # bounds imports the limit by name
+        monkeypatch.setattr(module, "MAX_ZETA_CANDIDATES", 1)
     loose = home_bound(problem)
     assert not loose["all_tables_exact"]
     assert storage_bound(problem) * (1 - 1e-12) <= loose["lower_bound_s"] <= exact["lower_bound_s"] * (1 + 1e-12)
-    units, cap, is_exact = _units_down(np.array([1.5, 2.25e9]), 1e12, tables.capacity_units)
+    units, cap, is_exact = _units_down(np.array([1.5, 2.25e9]), 1e12, capacity_units)
     assert not is_exact and cap == 60000 and units[0] == 0 and units[1] == int(2.25e9 / (1e12 / 60000))
 
 

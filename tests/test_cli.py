@@ -109,12 +109,22 @@ def test_profile_from_trace_cli(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_experiment_all_quick_cli(tmp_path):
-    """The smoke version of every experiment, as CI runs it, then the HTML report."""
-    out = tmp_path / "res"
-    assert main(["experiment", "all", "--quick", "--seeds", "1", "--out", str(out), "--workers", "2"]) == 0
-    from slimcaching.experiments import EXPERIMENTS
+def test_experiment_all_quick_cli(tmp_path, monkeypatch):
+    """Every experiment through ``experiment all``, then the HTML report: one quick point per
+    experiment (per grid for the regime map), run serially. The whole quick sweep on a process pool
+    is ``benchmarks/bench_experiments.py``."""
+    import dataclasses
 
+    from slimcaching.experiments import EXPERIMENTS, plots
+
+    monkeypatch.setattr(plots, "HEADLINE_VARIANTS", plots.HEADLINE_VARIANTS[:1])  # all: test_experiments
+    for name, exp in list(EXPERIMENTS.items()):
+        values = exp.quick_values[:1]
+        if name == "regimes":  # one cell of each grid, so every panel of the figure is drawn
+            values = tuple({v[0]: v for v in reversed(exp.quick_values)}.values())
+        monkeypatch.setitem(EXPERIMENTS, name, dataclasses.replace(exp, quick_values=values))
+    out = tmp_path / "res"
+    assert main(["experiment", "all", "--quick", "--seeds", "1", "--out", str(out), "--backend", "serial"]) == 0
     for name in EXPERIMENTS:
         for ext in ("csv", "png", "svg", "md"):
             assert (out / f"{name}.{ext}").exists(), (name, ext)

@@ -194,5 +194,5 @@ def test_sweep_on_a_given_scenario_file(tmp_path):
     assert not any(r["error"] for r in rows) and len(rows) == 2 * len(EXPERIMENTS["capacity"].quick_values)
     lat = {float(r["x"]): float(r["latency_ms"]) for r in rows if r["algorithm"] == "lfu"}
     assert lat[min(lat)] >= lat[max(lat)]  # more storage never hurts lfu here
-    with pytest.raises(ScenarioError, match="--scenario"):
+    with pytest.raises(ScenarioError, match="^scenario: "):
         run_experiment("servers", tmp_path / "o2", seeds=1, quick=True, backend="serial", scenario_path=str(scen))

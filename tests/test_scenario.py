@@ -11,10 +11,9 @@ import yaml
 
 from helpers import tiny_scenario_dict
 from slimcaching.errors import ScenarioError
-from slimcaching.local_cache import lfu_local_cache
 from slimcaching.presets import ARCHS, resolve_preset
 from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace, synthetic_profile
-from slimcaching.scenario import canonical_json, load_scenario, resolve_scenario
+from slimcaching.scenario import canonical_json, lfu_local_cache, load_scenario, resolve_scenario
 from slimcaching.units import parse_quantity
 
 # ---- units
@@ -84,7 +83,7 @@ def test_canonical_round_trip_byte_for_byte(tmp_path, suffix):
     elif suffix == ".yaml":
         path.write_text(yaml.safe_dump(d))
     else:
-        from slimcaching.cli import _to_toml
+        from slimcaching.fileio import to_toml as _to_toml
 
         path.write_text(_to_toml(d))
     first = canonical_json(load_scenario(path))

@@ -1,9 +1,9 @@
-"""Serving architectures (SPEC section 6): SlimCaching-style, split-style, and their mix.
+"""Serving architectures (docs/model.md §architectures): SlimCaching-style, split-style, and their mix.
 
 A placement is an expert placement ``x`` [N, I] plus dense parts ``z`` [N, M] (server n stores
 model m's dense part, counted against Q_n). Each (user, model) pair is served one of three ways:
 
-- *SlimCaching-style* (SPEC section 3): the device runs the dense part and the router; experts run
+- *SlimCaching-style* (docs/model.md §latency): the device runs the dense part and the router; experts run
   where cached; T-bar_{u,m} per token;
 - *split-style through server n* (n stores m's dense part): one access round trip per token to the
   best reached server v, relay to n, n runs the dense part and every layer, an expert not at n
@@ -18,11 +18,11 @@ A *latency model* says which of these a pair may use:
 - ``slimcaching``: SlimCaching-style only (``z`` unused);
 - ``u-shaped``: split-style only, through the cloud or any server storing the dense part;
 - ``u-shaped-partial``: split-style through the home if it stores the dense part, else the cloud;
-- ``hybrid``: the fastest of all three. SPEC section 6 lists only the home as split server for the
+- ``hybrid``: the fastest of all three. docs/model.md §architectures lists only the home as split server for the
   hybrid; we also allow the cloud and any other dense host, which is what makes the hybrid never
   worse than ``u-shaped`` (whose users may be served by the cloud or a neighbour).
 
-With a single access link (no ``reach``), ``min_v`` is the home, as in SPEC section 6.
+With a single access link (no ``reach``), ``min_v`` is the home, as in docs/model.md §architectures.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimcaching.problem import Problem, build_problem, exec_time
+from slimcaching.latency import exec_time
+from slimcaching.problem import Problem, build_problem
 
 LATENCY_MODELS = ("slimcaching", "u-shaped", "u-shaped-partial", "hybrid")
 SLIM, CLOUD = -2, -1  # choice codes; a choice >= 0 is split-style through that server
@@ -40,6 +41,7 @@ ARCHITECTURE_NAMES = {SLIM: "slimcaching", CLOUD: "split-cloud"}
 
 
 def architecture_name(choice: int, server_names: list[str]) -> str:
+    """A choice code's name: ``slimcaching``, ``split-cloud`` or ``split-<server>``."""
     return ARCHITECTURE_NAMES.get(int(choice)) or f"split-{server_names[int(choice)]}"
 
 

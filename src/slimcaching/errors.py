@@ -19,3 +19,11 @@ class ScenarioError(ValueError):
                 shown = shown[:77] + "..."
             text += f" (got {shown})"
         super().__init__(text)
+
+    def renamed(self, field: str) -> ScenarioError:
+        """The same error naming ``field`` instead (how the CLI says ``--trace`` for ``trace``)."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.args = (field + str(self)[len(self.field):],)
+        new.field = field
+        return new

@@ -6,10 +6,11 @@ import copy
 
 import numpy as np
 
+from slimcaching.architectures import PARTS, architecture_name, latency_parts, mean_latency
 from slimcaching.errors import ScenarioError
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem, build_problem
-from slimcaching.scenario import Scenario, _check_local_cache
+from slimcaching.scenario import Scenario, check_local_cache
 
 
 def apply_local_caches(sc: Scenario, local: dict[str, list[tuple[str, int, int]]] | None) -> Scenario:
@@ -24,20 +25,29 @@ def apply_local_caches(sc: Scenario, local: dict[str, list[tuple[str, int, int]]
         nu = copy.copy(u)
         if u.name in local:
             nu.local_cache = [(str(a), int(b), int(c)) for a, b, c in local[u.name]]
-            _check_local_cache(nu, models, f"placement.local.{u.name}")
+            check_local_cache(nu, models, f"placement.local.{u.name}")
         out.users.append(nu)
     return out
 
 
 def problem_for(sc: Scenario, placement: Placement | None = None) -> Problem:
+    """The problem of ``sc`` with the placement's own device caches (when it carries them)."""
     return build_problem(apply_local_caches(sc, placement.local if placement else None))
 
 
 def placement_latency(problem: Problem, placement: Placement) -> float:
-    """Mean per-token latency under the placement's own serving model (SPEC sections 3 and 6)."""
+    """Mean per-token latency under the placement's own serving model (docs/model.md §latency,
+    §architectures).
+
+    >>> from slimcaching.algorithms import solve
+    >>> from slimcaching.problem import build_problem
+    >>> from slimcaching.scenario import load_scenario
+    >>> problem = build_problem(load_scenario())
+    >>> round(placement_latency(problem, solve(problem, "u-shaped")) * 1e3, 3)
+    36.841
+    """
     if placement.latency_model == "slimcaching":
         return problem.objective(placement.x)
-    from slimcaching.architectures import mean_latency
 
     return mean_latency(problem, placement.x, placement.dense, placement.latency_model)
 
@@ -46,7 +56,6 @@ def placement_breakdown(problem: Problem, placement: Placement) -> dict:
     """The breakdown of :func:`breakdown` (SlimCaching-style placements) or, for split-style and
     hybrid ones, per (user, model) latencies; always with the architecture each (user, model)
     uses and the latency split into access round trips, relays, backhaul and compute."""
-    from slimcaching.architectures import PARTS, architecture_name, latency_parts
 
     lm = placement.latency_model
     x, dense = placement.x, placement.dense

@@ -1,6 +1,10 @@
-"""Writing outputs all or nothing.
+"""Reading input files strictly and writing outputs all or nothing.
 
-Every file the project writes goes through :func:`atomic_output`: a uniquely named temporary file
+Reading: :func:`read_data_file` takes YAML, TOML or JSON mappings; JSON is strict (no NaN, no
+duplicate keys), YAML is safe-loaded with duplicate keys refused and alias expansion bounded by the
+``yaml_values`` limit. Errors name the file and the position.
+
+Writing: every file the project writes goes through :func:`atomic_output`: a uniquely named temporary file
 in the target directory (so two writers never share one), renamed over the target when complete,
 and removed on any error. Bad targets (a directory, ``/``, an empty name, a missing directory) are
 one clear :class:`ScenarioError` naming the path.
@@ -9,15 +13,24 @@ one clear :class:`ScenarioError` naming the path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
 
 from slimcaching.errors import ScenarioError
+from slimcaching.limits import limit
 
 
 def check_target(path: str | Path, field: str = "output") -> Path:
+    """``path`` as an output target, or a :class:`ScenarioError` naming ``field`` when it cannot be one."""
     raw = str(path)
     if not raw or raw.endswith(os.sep) or Path(raw).name in ("", ".", ".."):
         raise ScenarioError(field, "expected a file name", raw)
@@ -50,8 +63,210 @@ def atomic_output(path: str | Path, field: str = "output", suffix: str = "") -> 
 
 
 def atomic_write(path: str | Path, data: str | bytes, field: str = "output") -> None:
+    """Write ``data`` (text or bytes) to ``path`` all or nothing."""
     with atomic_output(path, field) as tmp:
         if isinstance(data, bytes):
             tmp.write_bytes(data)
         else:
             tmp.write_text(data, encoding="utf-8")
+
+
+def _jsonable(o):
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+def write_json(path: str | Path, data: dict, field: str = "output") -> None:
+    """Strict JSON (no NaN), indented; numpy values and dataclasses become plain JSON."""
+    atomic_write(path, json.dumps(data, indent=1, default=_jsonable, allow_nan=False) + "\n", field)
+
+
+def to_toml(data: dict) -> str:
+    """Minimal TOML writer for generated scenarios (tables, arrays of tables, scalars, lists)."""
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {scalar(x)}" for k, x in v.items()) + "}"
+        raise TypeError(type(v))
+
+    lines = []
+    for k, v in data.items():
+        if not isinstance(v, (dict, list)) or (isinstance(v, list) and v and not isinstance(v[0], dict)):
+            lines.append(f"{k} = {scalar(v)}")
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines.append(f"\n[{k}]")
+            for kk, vv in v.items():
+                lines.append(f"{json.dumps(kk)} = {scalar(vv)}")
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for item in v:
+                lines.append(f"\n[[{k}]]")
+                for kk, vv in item.items():
+                    lines.append(f"{kk} = {scalar(vv)}")
+    return "\n".join(lines) + "\n"
+
+
+def data_file_text(data: dict, path: str | Path, field: str = "output") -> str:
+    """``data`` as the text of a YAML, JSON or TOML file, chosen by ``path``'s suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+    if suffix in (".yaml", ".yml"):
+        return yaml.safe_dump(data, sort_keys=False)
+    if suffix == ".toml":
+        return to_toml(data)
+    raise ScenarioError(field, "scenario files end in .yaml, .yml, .json or .toml", str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number in strict JSON")
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; bytes that are not UTF-8 are one error naming ``what`` and the offset."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(what, f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_json(text: str, path: Path, what: str) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate keys, bounded nesting."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(what, f"{path}: invalid JSON: {exc.msg} at line {exc.lineno}") from None
+    except _DuplicateKey as exc:
+        raise ScenarioError(what, f"{path}: duplicate key {str(exc)[:80]!r}") from None
+    except ValueError as exc:
+        raise ScenarioError(what, f"{path}: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(what, f"{path}: nested too deeply") from None
+
+
+def read_json_text(path: Path, what: str) -> Any:
+    """A file of strict JSON (see :func:`parse_json`)."""
+    return parse_json(read_text(path, what), path, what)
+
+
+def _yaml_loader():
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        def construct_mapping(self, node, deep=False):
+            # duplicate keys compared on the parsed scalars: no key is constructed twice
+            keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            if len(set(keys)) != len(keys):
+                seen = set()
+                for k, _ in node.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        if (k.tag, k.value) in seen:
+                            raise _DuplicateKey(f"{k.value!r} at line {k.start_mark.line + 1}")
+                        seen.add((k.tag, k.value))
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _expanded_size(node, limit: int) -> int:
+    """Values a YAML node graph stands for once aliases are expanded (stops past ``limit``)."""
+    memo: dict[int, int] = {}
+    stack = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if id(n) in memo:
+            continue
+        children = []
+        if isinstance(n, yaml.SequenceNode):
+            children = n.value
+        elif isinstance(n, yaml.MappingNode):
+            children = [c for kv in n.value for c in kv]
+        if done or not children:
+            memo[id(n)] = 1 + sum(memo[id(c)] for c in children)
+            if memo[id(n)] > limit:
+                return memo[id(n)]
+            continue
+        stack.append((n, True))
+        stack.extend((c, False) for c in children if id(c) not in memo)
+    return memo[id(node)]
+
+
+def parse_yaml(text: str, path: Path, what: str) -> Any:
+    """Safe YAML (C loader when built): no duplicate keys, alias expansion and nesting bounded."""
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        # only anchors (&) let aliases multiply a document: count what they expand to
+        size = _expanded_size(node, limit("yaml_values")) if "&" in text else 0
+        if size > limit("yaml_values"):
+            raise ScenarioError(what, f"{path}: YAML expands to more than {limit('yaml_values'):,} values "
+                                "(aliases?); raise SLIMCACHING_LIMIT_YAML_VALUES if this is meant")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ScenarioError(what, f"{path}: invalid YAML: {problem}{at}") from None
+    except _DuplicateKey as exc:
+        raise ScenarioError(what, f"{path}: duplicate key {str(exc)[:100]}") from None
+    except RecursionError:
+        raise ScenarioError(what, f"{path}: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def read_data_file(path: str | Path) -> dict:
+    """Read a YAML, TOML or JSON mapping; errors name the file and the position."""
+    path = Path(path)
+    if not path.exists():
+        raise ScenarioError("scenario", "file not found", str(path))
+    if path.is_dir():
+        raise ScenarioError("scenario", "is a directory, expected a file", str(path))
+    text = read_text(path, "scenario")
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError("scenario", f"{path}: invalid TOML: {exc}") from None
+        except RecursionError:
+            raise ScenarioError("scenario", f"{path}: nested too deeply") from None
+    elif suffix == ".json":
+        data = parse_json(text, path, "scenario")
+    else:
+        data = parse_yaml(text, path, "scenario")
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", f"{path}: expected a mapping at the top level", type(data).__name__)
+    return data

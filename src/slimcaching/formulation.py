@@ -21,6 +21,9 @@ objective weights normalised to sum 1, capacities in units of the largest expert
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +36,8 @@ MS = 1e3  # solver time unit: milliseconds
 
 @dataclass
 class Formulation:
+    """The MILP/LP of ``exact`` in HiGHS's column-wise form, with the maps back to placements."""
+
     c: np.ndarray
     a: csr_matrix
     row_lo: np.ndarray
@@ -107,6 +112,7 @@ def _merged_rows(problem: Problem):
 
 
 def build_formulation(problem: Problem) -> Formulation:
+    """The MILP of the problem (rescaled: time in ms, capacity in gcd units of expert sizes)."""
     ni, ns = problem.n_items, problem.n_servers
     home, items, access, local, w = _merged_rows(problem)
     keep = w > 0
@@ -212,6 +218,8 @@ def dual_bound(f: Formulation, row_dual: np.ndarray) -> float:
 
 @dataclass
 class HighsResult:
+    """What a HiGHS run returned: status, objective, bound, solution and duals."""
+
     status: str  # "optimal", "time_limit", "infeasible", ... (HiGHS model status, lower case)
     objective: float | None  # programme units
     dual_bound: float | None  # programme units (MILP: HiGHS's best bound; LP: weak duality)
@@ -222,10 +230,8 @@ class HighsResult:
 def _quiet_highs():
     """``highspy.Highs()`` without the banner HiGHS >= 1.16 prints to the C stdout on construction,
     before any option can switch output off (our summaries are the output)."""
-    import os
-    import sys
 
-    import highspy
+    import highspy  # start-up: highspy
 
     try:
         sys.stdout.flush()
@@ -245,7 +251,7 @@ def _quiet_highs():
 
 
 def _highs(f: Formulation, integer: bool, time_limit: float, options: dict):
-    import highspy
+    import highspy  # start-up: highspy
 
     h = _quiet_highs()
     h.setOptionValue("time_limit", float(time_limit))
@@ -278,7 +284,6 @@ def solve_lp_bound(f: Formulation, time_limit: float = 600.0) -> HighsResult:
     """LP relaxation by HiGHS's interior point method without crossover; the bound is computed
     from its row duals by :func:`dual_bound`, so it is valid even if the IPM stopped early or
     inexactly (a worse bound, never a wrong one)."""
-    import time
 
     t0 = time.perf_counter()
     # presolve off: on (model, layer) parts of this LP with the capacities priced out, HiGHS 1.15's
@@ -299,12 +304,11 @@ def solve_lp_bound(f: Formulation, time_limit: float = 600.0) -> HighsResult:
 def solve_milp(f: Formulation, time_limit: float, mip_rel_gap: float, warm: np.ndarray | None) -> HighsResult:
     """The MILP by HiGHS branch and bound (root LP by interior point), warm-started with ``warm``
     (a placement's complete solution) so that there is always an incumbent."""
-    import time
 
     t0 = time.perf_counter()
     h = _highs(f, True, time_limit, {"mip_rel_gap": float(mip_rel_gap), "mip_lp_solver": "ipm"})
     if warm is not None:
-        import highspy
+        import highspy  # start-up: highspy
 
         sol = highspy.HighsSolution()
         sol.col_value = list(warm)

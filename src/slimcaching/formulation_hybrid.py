@@ -1,4 +1,4 @@
-"""The hybrid latency model (SPEC section 6) as a mixed-integer linear programme (small instances).
+"""The hybrid latency model (docs/model.md §architectures) as a mixed-integer linear programme (small instances).
 
 Variables: expert placement x_{n,i}, dense parts z_{n,m} (binary); per row rho an epigraph L_rho;
 per (home, item) pair its remote cost r (holder choice y as in :mod:`slimcaching.formulation`);
@@ -35,6 +35,8 @@ from slimcaching.problem import Problem
 
 @dataclass
 class HybridFormulation:
+    """The hybrid latency model's MILP and the maps back to (x, dense, choice)."""
+
     f: Formulation  # the programme (its x / holder data describe the row part)
     n_dense: int
     off_dense: int
@@ -52,6 +54,7 @@ class HybridFormulation:
 
 
 def build_hybrid_formulation(problem: Problem) -> HybridFormulation:
+    """The MILP of the hybrid latency model (small instances: big-M choice constraints)."""
     p = per_class_problem(problem)
     ni, ns, nm = p.n_items, p.n_servers, len(p.model_names)
     kmax = p.row_items.shape[1]

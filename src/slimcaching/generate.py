@@ -8,7 +8,7 @@ VQA-v2 (``vqa``). Users draw which models they request and a task mix; mixes are
 
 With ``reach`` set (``scenario new --reach N``) the layout is geometric: servers and users are
 placed uniformly at random in a square of ``area_m`` metres a side; each user's home is its
-nearest server and it also reaches the next N-1 nearest (SPEC section 6). The access rate to a
+nearest server and it also reaches the next N-1 nearest (docs/model.md §architectures). The access rate to a
 server at distance d is the nominal rate times ``1 / (1 + (d / R)^2)`` with R the cell radius
 (side / sqrt(servers)), rounded down to half-octave steps (rate levels, as radio modulation and
 coding tables have them, so that users at similar distances share classes); the access RTT is the
@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slimcaching.errors import ScenarioError
 from slimcaching.presets import resolve_preset
+from slimcaching.units import parse_quantity
 
 DEFAULT_MODELS = ("switch-base-8", "moe-llava-stablelm", "llama-moe-3.5b-4-16")
 TASKS = ("sqa", "vqa")
@@ -29,6 +31,8 @@ TASKS = ("sqa", "vqa")
 
 @dataclass
 class GeneratorOptions:
+    """Options of the scenario generator (``scenario new``); quantities accept units."""
+
     servers: int = 5
     users: int = 50
     models: tuple[str, ...] = DEFAULT_MODELS
@@ -72,8 +76,6 @@ def _links(names: list[str], topology: str, rate, rtt) -> list[dict]:
     elif topology == "full":
         pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     elif topology != "none":
-        from slimcaching.errors import ScenarioError
-
         raise ScenarioError("topology", "expected ring, line, star, full or none", topology)
     return [{"a": names[a], "b": names[b], "rate_bps": rate, "rtt_s": rtt} for a, b in pairs]
 
@@ -86,7 +88,6 @@ def rate_level(distance: float, cell_radius: float) -> float:
 
 def _geometric_links(opts: GeneratorOptions, snames: list[str], rng: np.random.Generator) -> list[dict]:
     """Per user: home (nearest) and reach (next nearest) with distance-dependent rates."""
-    from slimcaching.units import parse_quantity
 
     up = parse_quantity(opts.uplink, "bits_per_s", field="uplink")
     down = parse_quantity(opts.downlink, "bits_per_s", field="downlink")
@@ -106,7 +107,6 @@ def _geometric_links(opts: GeneratorOptions, snames: list[str], rng: np.random.G
 
 def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) -> dict:
     """A scenario input mapping (unit strings kept, profiles as synthetic generators)."""
-    from slimcaching.errors import ScenarioError
 
     opts = opts or GeneratorOptions()
     for k, v in overrides.items():
@@ -123,7 +123,7 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
         raise ScenarioError("models_per_user", f"must be between 1 and {len(opts.models)}",
                             opts.models_per_user)
     if opts.reach is not None and not 1 <= opts.reach <= opts.servers:
-        raise ScenarioError("--reach", f"must be between 1 and the number of servers ({opts.servers})", opts.reach)
+        raise ScenarioError("reach", f"must be between 1 and the number of servers ({opts.servers})", opts.reach)
     rng = np.random.default_rng(opts.seed)
     snames = [f"edge{i}" for i in range(opts.servers)]
     # its own stream, so that workloads are the same with and without a geometric layout
@@ -134,7 +134,7 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
         if opts.top_k is not None:
             experts = resolve_preset(name, opts.precision)["experts"]
             if not 1 <= opts.top_k <= experts:
-                raise ScenarioError("--top-k", f"must be 1..{experts} ({name} has {experts} experts)", opts.top_k)
+                raise ScenarioError("top_k", f"must be 1..{experts} ({name} has {experts} experts)", opts.top_k)
             entry["top_k"] = opts.top_k
         models.append(entry)
     profiles = {}
@@ -189,4 +189,5 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
 
 
 def default_scenario_dict() -> dict:
+    """The built-in default scenario as an input mapping."""
     return generate_scenario_dict(GeneratorOptions())

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
+from slimcaching.fileio import atomic_output
 from slimcaching.profiles import LayerProfile, Profile
 
 FAMILIES = {
@@ -39,8 +40,8 @@ FAMILIES = {
 
 def _require_hf():
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        import torch  # noqa: F401 - optional extra (hf)
+        import transformers  # noqa: F401 - optional extra (hf)
     except ImportError:
         raise ScenarioError("profile", "needs the hf extra: pip install torch==2.13.0 'slimcaching[hf]'") from None
 
@@ -62,7 +63,6 @@ class RoutingTrace:
         for i, (e, p) in enumerate(zip(self.experts, self.phase)):
             arrays[f"experts_{i}"] = e.astype(np.int32)
             arrays[f"phase_{i}"] = p.astype(np.int8)
-        from slimcaching.fileio import atomic_output
 
         with atomic_output(path, suffix=".npz") as tmp, open(tmp, "wb") as fh:
             np.savez_compressed(fh, **arrays)
@@ -91,7 +91,7 @@ class RoutingTrace:
 
 def find_moe_layers(model) -> list[tuple[str, object, str]]:
     """(name, block, kind) of every MoE block in module order; kind 'indices' or 'switch'."""
-    import torch
+    import torch  # optional extra (hf)
 
     out = []
     for name, mod in model.named_modules():
@@ -181,11 +181,21 @@ class RoutingRecorder:
         return RoutingTrace([b[0] for b in self.blocks], experts, phase, self.num_experts, self.top_k, meta)
 
 
+def prompt_texts(prompts: str | Path | None, prompt: list[str] | None) -> list[str]:
+    """The texts of ``prompt`` then of a prompts file (see :func:`read_prompts`); at least one."""
+    texts = list(prompt or [])
+    if prompts is not None:
+        texts += [p["text"] for p in read_prompts(prompts)]
+    if not texts:
+        raise ScenarioError("prompts", "give a prompts file or --prompt TEXT")
+    return texts
+
+
 def read_prompts(path: str | Path, text_field: str = "text") -> list[dict]:
     """Plain text (one prompt per non-empty line) or JSONL (objects with ``text_field``, optional 'image')."""
     path = Path(path)
     if not path.is_file():
-        raise ScenarioError("--prompts", "file not found", str(path))
+        raise ScenarioError("prompts", "file not found", str(path))
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -194,25 +204,26 @@ def read_prompts(path: str | Path, text_field: str = "text") -> list[dict]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ScenarioError(f"--prompts line {n}", f"invalid JSON ({exc.msg})") from None
+                raise ScenarioError(f"prompts line {n}", f"invalid JSON ({exc.msg})") from None
             if not isinstance(obj, dict) or text_field not in obj:
-                raise ScenarioError(f"--prompts line {n}", f"needs a {text_field!r} field")
+                raise ScenarioError(f"prompts line {n}", f"needs a {text_field!r} field")
             out.append({"text": str(obj[text_field]), "image": obj.get("image")})
         else:
             out.append({"text": line, "image": None})
     if not out:
-        raise ScenarioError("--prompts", "no prompts in the file", str(path))
+        raise ScenarioError("prompts", "no prompts in the file", str(path))
     return out
 
 
 def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
+    """A Hugging Face MoE model (and its tokenizer or processor) on ``device`` with ``dtype``."""
     _require_hf()
     local = Path(model_id).expanduser()
     looks_local = model_id.startswith((".", "/", "~")) or (local.parent != Path(".") and local.parent.exists())
     if looks_local and not local.is_dir():  # a path, not a hub id: say so instead of a hub error
         raise ScenarioError("model", "directory not found", model_id)
-    import torch
-    from transformers import AutoConfig
+    import torch  # optional extra (hf)
+    from transformers import AutoConfig  # optional extra (hf)
 
     try:
         config = AutoConfig.from_pretrained(model_id)
@@ -222,7 +233,11 @@ def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
     if mtype not in FAMILIES:
         raise ScenarioError("model", f"unknown MoE family {mtype!r} (known: {', '.join(sorted(set(FAMILIES)))})",
                             model_id)
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
+    from transformers import (  # optional extra (hf)
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+    )
 
     if config.is_encoder_decoder:
         auto = AutoModelForSeq2SeqLM
@@ -233,9 +248,9 @@ def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
     torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
                    "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
-        raise ScenarioError("--dtype", "expected auto, float32, bfloat16 or float16", dtype)
+        raise ScenarioError("dtype", "expected auto, float32, bfloat16 or float16", dtype)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ScenarioError("--device", "CUDA is not available on this machine", device)
+        raise ScenarioError("device", "CUDA is not available on this machine", device)
     model = auto.from_pretrained(model_id, dtype=torch_dtype).to(device).eval()
     return model, config
 
@@ -244,8 +259,8 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
                   batch_size: int = 8, max_tokens: int | None = None, generate: int = 0,
                   progress=None) -> RoutingTrace:
     """Run the model over prompts and record its routing (prefill and, with ``generate``, decode)."""
-    import torch
-    from transformers import AutoTokenizer
+    import torch  # optional extra (hf)
+    from transformers import AutoTokenizer  # optional extra (hf)
 
     model, config = load_model(model_id, device, dtype)
     try:
@@ -259,7 +274,7 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
     processor = None
     if any(p["image"] for p in prompts):
         if not config.model_type.startswith("qwen3_vl_moe"):
-            raise ScenarioError("--prompts", "images are supported for the Qwen3-VL-MoE family only",
+            raise ScenarioError("prompts", "images are supported for the Qwen3-VL-MoE family only",
                                 config.model_type)
         processor = _image_processor(model_id)
     truncate = None
@@ -304,7 +319,7 @@ def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype
 
 def _image_processor(model_id: str):
     """Qwen-VL image processor from the model directory, PIL backend (no torchvision needed)."""
-    from transformers import Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLImageProcessorPil  # optional extra (hf)
 
     try:
         return Qwen2VLImageProcessorPil.from_pretrained(model_id)
@@ -316,7 +331,7 @@ def _image_processor(model_id: str):
 def _vl_inputs(image_processor, tok, batch) -> dict:
     """Text + images the way Qwen-VL processors lay them out: each image becomes
     <|vision_start|> + n x <|image_pad|> + <|vision_end|>, n = patches / merge_size^2."""
-    from PIL import Image
+    from PIL import Image  # optional extra (hf)
 
     images, texts = [], []
     for p in batch:
@@ -324,7 +339,7 @@ def _vl_inputs(image_processor, tok, batch) -> dict:
         if p["image"]:
             path = Path(p["image"])
             if not path.is_file():
-                raise ScenarioError("--prompts image", "file not found", str(path))
+                raise ScenarioError("prompts image", "file not found", str(path))
             images.append(Image.open(path).convert("RGB"))
             content.append({"type": "image"})
         content.append({"type": "text", "text": p["text"]})

@@ -25,6 +25,7 @@ DEFAULTS = {
 
 
 def limit(name: str) -> int:
+    """The limit ``name``, from ``SLIMCACHING_LIMIT_<NAME>`` when set."""
     env = os.environ.get(f"SLIMCACHING_LIMIT_{name.upper()}")
     if env:
         try:
@@ -35,6 +36,7 @@ def limit(name: str) -> int:
 
 
 def check(name: str, value: int, field: str, what: str = "") -> None:
+    """A :class:`ScenarioError` naming ``field`` when ``value`` exceeds the limit ``name``."""
     cap = limit(name)
     if value > cap:
         raise ScenarioError(field, f"{what or name} of {value:,} exceeds the limit of {cap:,} "

@@ -35,6 +35,8 @@ _MAX_HEADER = 100 * 2**20
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """A tensor of a safetensors header: name, dtype, shape and file."""
+
     file: str
     dtype: str
     shape: tuple[int, ...]
@@ -90,6 +92,7 @@ def read_checkpoint(directory: str | Path) -> tuple[dict, dict[str, TensorInfo]]
 
 
 def text_config(config: dict) -> dict:
+    """The text model's part of a config.json (multimodal configs nest it)."""
     return config.get("text_config") or config
 
 
@@ -119,7 +122,7 @@ def expert_blocks(tensors: dict[str, TensorInfo]) -> dict[str, dict[str, TensorI
 
 
 def model_numbers(directory: str | Path, precision: str | None = None) -> dict:
-    """The eight SI model fields of SPEC section 2 for a model directory, plus its precision."""
+    """The eight SI model fields of docs/model.md §entities for a model directory, plus its precision."""
     config, tensors = read_checkpoint(directory)
     experts, top_k, hidden = config_experts_topk(config)
     if not experts or not top_k or not hidden:

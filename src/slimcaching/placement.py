@@ -10,7 +10,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from slimcaching.errors import ScenarioError
+from slimcaching.fileio import read_json_text
 from slimcaching.problem import Problem
+from slimcaching.scenario import pydantic_error
 
 PLACEMENT_FORMAT = "slimcaching/placement@1"
 
@@ -26,7 +28,7 @@ class Placement:
     solve_seconds: float = 0.0
     info: dict = field(default_factory=dict)
     latency_model: str = "slimcaching"  # how it is served: see slimcaching.architectures.LATENCY_MODELS
-    dense: np.ndarray | None = None  # [N, M] bool: server n stores model m's dense part (SPEC section 6)
+    dense: np.ndarray | None = None  # [N, M] bool: server n stores model m's dense part (docs/model.md §architectures)
 
     def to_dict(self, problem: Problem, mean_latency: float | None = None) -> dict:
         edge = {
@@ -92,8 +94,7 @@ class PlacementIn(BaseModel):
 
 
 def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -> Placement:
-    from slimcaching.scenario import _pydantic_error
-
+    """A placement from its file mapping, validated against ``problem``."""
     if not isinstance(data, dict):
         raise ScenarioError(where, "expected a JSON object", type(data).__name__)
     fmt = data.get("format")
@@ -102,7 +103,7 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
     try:
         pin = PlacementIn.model_validate(data)
     except ValidationError as exc:
-        raise _pydantic_error(exc, prefix=f"{where}.") from None
+        raise pydantic_error(exc, prefix=f"{where}.") from None
     x = problem.empty_placement()
     sidx = {s: i for i, s in enumerate(problem.server_names)}
     models = {m.name: m for m in problem.scenario.models}
@@ -170,8 +171,7 @@ _INFO_KEYS = {"status", "message", "variables", "constraints", "bound_s", "lp_bo
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:
-    from slimcaching.scenario import read_json_text
-
+    """Read and validate a placement file against ``problem``."""
     path = Path(path)
     if path.is_dir():
         raise ScenarioError("placement", "is a directory, expected a JSON file", str(path))

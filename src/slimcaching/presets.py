@@ -262,6 +262,7 @@ ARCHS: dict[str, Arch] = {
 
 
 def preset_names() -> list[str]:
+    """The names of the built-in model presets."""
     return list(ARCHS)
 
 

@@ -1,15 +1,15 @@
-"""The resolved numerical problem: every quantity of SPEC section 3 as numpy arrays.
+"""The resolved numerical problem: every quantity of docs/model.md §latency as numpy arrays.
 
 A :class:`Problem` is built once from a :class:`~slimcaching.scenario.Scenario` (local caches
-resolved) and is what algorithms and the evaluator work on. Notation follows the SPEC:
+resolved) and is what algorithms and the evaluator work on. Notation follows docs/model.md:
 
 - items: every (model, layer, expert), global index ``i``; ``item_size[i] = s_m``;
 - ``holder_cost[h, n, m] = c_{h,n} + t_n`` (home h, server n, model m), ``inf`` if unreachable;
 - ``cloud_cost[h, m] = c_{h,cloud} + t_cloud``;
-- *homes* (SPEC section 6, multi-connectivity): index h < N is server h seen by a user whose radio
+- *homes* (docs/model.md §architectures, multi-connectivity): index h < N is server h seen by a user whose radio
   reaches only h. A user that also ``reach``es other servers gets a *virtual home* h >= N with
   ``holder_cost[h, n, m] = min over v in V_u of (a_{u,v} - a_{u,home} + c_{v,n} + t_n)`` (and the same
-  for the cloud), so that ``a_{u,home} + r[h, e]`` is SPEC section 6's q_e: every algorithm that reads
+  for the cloud), so that ``a_{u,home} + r[h, e]`` is docs/model.md §architectures's q_e: every algorithm that reads
   ``holder_cost``/``cloud_cost`` by home handles reach unchanged. ``home_server[h]`` is the real home;
 - users with equal home, link and device parameters, reach, workload and local cache form one *class*;
 - *rows*: one per (class, workload entry, layer, co-activation set). ``row_items`` holds the set's
@@ -19,7 +19,7 @@ resolved) and is what algorithms and the evaluator work on. Notation follows the
 
       T_l(S) = max(row_local, row_access + max_{e in row_items} r_e)
 
-  which is SPEC's formula: with no remote expert the max over an empty set is -inf.
+  which is the model's formula: with no remote expert the max over an empty set is -inf.
 """
 
 from __future__ import annotations
@@ -30,45 +30,37 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from slimcaching.scenario import Scenario
+from slimcaching.latency import access_time, backhaul_time, exec_time, relay_graph
+from slimcaching.scenario import Scenario, resolve_local_caches
 
 INF = np.inf
 
 
-def exec_time(flops: float, nbytes: float, node_flops: float, mem_bandwidth: float | None) -> float:
-    """Roofline execution time max(flops / f, bytes / B); the second term only with B."""
-    t = flops / node_flops
-    if mem_bandwidth:
-        t = max(t, nbytes / mem_bandwidth)
-    return t
-
-
 def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
-    """Return (c_edge [N, N, M], c_cloud [N, M]) of SPEC section 3 in seconds."""
+    """Return (c_edge [N, N, M], c_cloud [N, M]) of docs/model.md's relay costs, in seconds."""
     n, m = len(sc.servers), len(sc.models)
-    idx = sc.server_index
     c_edge = np.full((n, n, m), INF)
     c_cloud = np.empty((n, m))
+    links = [(ln.a, ln.b, ln.rate_bps, ln.rtt_s) for ln in sc.server_links]
+    names = [s.name for s in sc.servers]
+    idx = sc.server_index
     for mi, model in enumerate(sc.models):
         bits = 8.0 * model.hidden_bytes
-        g = nx.Graph()
-        g.add_nodes_from(range(n))
-        for ln in sc.server_links:
-            w = bits / ln.rate_bps + ln.rtt_s / 2.0
-            a, b = idx[ln.a], idx[ln.b]
-            if not g.has_edge(a, b) or g[a][b]["w"] > w:  # parallel links: the cheaper one
-                g.add_edge(a, b, w=w)
+        g = relay_graph(names, links, bits)
         for src, dists in nx.all_pairs_dijkstra_path_length(g, weight="w"):
+            si = idx[src]
             for dst, d in dists.items():
-                c_edge[src, dst, mi] = 2.0 * d
-            c_edge[src, src, mi] = 0.0
+                c_edge[si, idx[dst], mi] = 2.0 * d
+            c_edge[si, si, mi] = 0.0
         for si, s in enumerate(sc.servers):
-            c_cloud[si, mi] = 2.0 * bits / s.cloud_rate_bps + s.cloud_rtt_s
+            c_cloud[si, mi] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s)
     return c_edge, c_cloud
 
 
 @dataclass
 class Problem:
+    """The resolved numerical problem: items, capacities, costs and rows as numpy arrays (see the module docstring)."""
+
     scenario: Scenario
     model_names: list[str]
     server_names: list[str]
@@ -186,7 +178,7 @@ class Problem:
         return np.maximum(self.row_local, self.row_access + worst)
 
     def objective(self, x: np.ndarray) -> float:
-        """T-bar of SPEC section 3 (seconds per token) for edge placement ``x`` [N, I] bool."""
+        """T-bar of docs/model.md §latency (seconds per token) for edge placement ``x`` [N, I] bool."""
         return float(self.row_weight @ self.row_latency(x) + self.dense_term)
 
     def compact(self) -> Problem:
@@ -267,8 +259,18 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     times, device cache of the model, profile) share one set of rows with their weights added, as
     :meth:`Problem.compact` would merge them, but without materialising the per-class rows first
     (a fraction of the memory at scale). Per-class row fields are then -1, as after ``compact``:
-    enough for solving and the mean latency, not for per-user breakdowns or simulation."""
-    sc = sc.with_local_caches()
+    enough for solving and the mean latency, not for per-user breakdowns or simulation.
+
+    Examples
+    --------
+    >>> from slimcaching.scenario import load_scenario
+    >>> problem = build_problem(load_scenario())
+    >>> problem.n_servers, problem.n_items
+    (5, 656)
+    >>> round(problem.objective(problem.empty_placement()) * 1e3, 3)  # ms per token, nothing cached
+    825.22
+    """
+    sc = resolve_local_caches(sc)
     models = sc.models
     mnames = [m.name for m in models]
     midx = {n: i for i, n in enumerate(mnames)}
@@ -326,17 +328,17 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
                 d = np.full((n, len(models)), INF)
                 for mi, m in enumerate(models):
                     bits = 8.0 * m.hidden_bytes
-                    a_home = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+                    a_home = access_time(bits, u.uplink_bps, u.downlink_bps, u.rtt_s)
                     d[sidx[u.home], mi] = 0.0
                     for rv in u.reach:
-                        d[sidx[rv.server], mi] = bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s - a_home
+                        d[sidx[rv.server], mi] = access_time(bits, rv.uplink_bps, rv.downlink_bps, rv.rtt_s) - a_home
                 home_delta.append(d)
             class_home[c] = virtual[vkey]
         lam = sum(sc.users[k].rate for k in members)
         class_rate[c] = lam
         for mi, m in enumerate(models):
             bits = 8.0 * m.hidden_bytes
-            class_access[c, mi] = bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+            class_access[c, mi] = access_time(bits, u.uplink_bps, u.downlink_bps, u.rtt_s)
             class_local_exec[c, mi] = exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
             class_dense[c, mi] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
         for mn, layer, e in u.local_cache:
@@ -349,7 +351,7 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
             class_model_weight[c, mi] += lam * w.weight / total_rate
             if w.weight > 0:
                 entries.append((c, mi, lam * w.weight / total_rate, w.weight / model_w[w.model], w.profile))
-    if home_delta:  # virtual homes: the best reached server per (holder, model), SPEC section 6
+    if home_delta:  # virtual homes: the best reached server per (holder, model), docs/model.md §architectures
         delta = np.stack(home_delta)  # [V, N(v), M]
         home_server = np.concatenate([home_server, [sidx[k[0]] for k in virtual]])
         access_delta = np.concatenate([access_delta, delta])

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from slimcaching.errors import ScenarioError
+from slimcaching.figures import pyplot
 from slimcaching.profiles import Profile, synthetic_profile
 
 
@@ -23,6 +24,7 @@ def _experts(profile: Profile) -> int:
 
 
 def layer_stats(profile: Profile, experts: int | None = None, top_pairs: int = 5) -> list[dict]:
+    """Per layer: distinct sets, normalised entropy, top-10% share and the most lifted pairs."""
     e = experts or _experts(profile)
     out = []
     for li, lp in enumerate(profile.layers):
@@ -51,6 +53,7 @@ def layer_stats(profile: Profile, experts: int | None = None, top_pairs: int = 5
 
 
 def summary_stats(profile: Profile, experts: int | None = None) -> dict:
+    """Averages of :func:`layer_stats` over the layers."""
     st = layer_stats(profile, experts, top_pairs=1)
     return {
         "layers": len(st),
@@ -62,6 +65,7 @@ def summary_stats(profile: Profile, experts: int | None = None) -> dict:
 
 
 def compare(a: Profile, b: Profile) -> list[dict]:
+    """Per layer, the total variation between two profiles' set and expert distributions."""
     if len(a.layers) != len(b.layers):
         raise ScenarioError("profiles", f"layer counts differ ({len(a.layers)} vs {len(b.layers)})")
     e = max(_experts(a), _experts(b))
@@ -79,10 +83,8 @@ def compare(a: Profile, b: Profile) -> list[dict]:
 
 
 def heatmap(profile: Profile, path: str, experts: int | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write a per-layer expert-frequency heat map (PNG)."""
+    plt = pyplot()
 
     e = experts or _experts(profile)
     k = profile.layers[0].sets.shape[1]
@@ -91,7 +93,7 @@ def heatmap(profile: Profile, path: str, experts: int | None = None) -> None:
     im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("expert")
     ax.set_ylabel("MoE layer")
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # start-up: matplotlib ~1 s
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole layers only
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

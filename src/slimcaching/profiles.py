@@ -1,4 +1,4 @@
-"""Activation profiles: per-layer distributions over co-activation sets (SPEC section 2).
+"""Activation profiles: per-layer distributions over co-activation sets (docs/model.md §entities).
 
 A :class:`Profile` holds, for each MoE layer, an ``int`` array ``sets`` of shape (n, K) with
 sorted distinct expert indices per row and a ``float`` array ``probs`` of shape (n,) summing to 1.
@@ -16,12 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
+from slimcaching.fileio import atomic_output, atomic_write
 
 PROB_TOLERANCE = 1e-6
 
 
 @dataclass
 class LayerProfile:
+    """One layer's co-activation sets (sorted expert ids per row) and their probabilities."""
+
     sets: np.ndarray  # (n, K) int64, rows sorted ascending, distinct rows
     probs: np.ndarray  # (n,) float64
 
@@ -33,6 +36,8 @@ class LayerProfile:
 
 @dataclass
 class Profile:
+    """An activation profile of one model: a :class:`LayerProfile` per MoE layer."""
+
     model: str
     layers: list[LayerProfile]
     meta: dict = field(default_factory=dict)
@@ -122,13 +127,11 @@ class Profile:
         if path.suffix == ".json":
             out = self.to_dict()
             out.update({k: v for k, v in self.meta.items() if k not in out})
-            from slimcaching.fileio import atomic_write
 
             atomic_write(path, json.dumps(out, indent=1, allow_nan=False) + "\n")
         elif path.suffix == ".npz":
             counts = np.array([len(lp.probs) for lp in self.layers], dtype=np.int64)
             k = self.layers[0].sets.shape[1] if self.layers else 1
-            from slimcaching.fileio import atomic_output
 
             with atomic_output(path, suffix=".npz") as tmp, open(tmp, "wb") as fh:
                 np.savez_compressed(
@@ -190,6 +193,7 @@ def profile_from_trace(trace: np.ndarray, model: str, meta: dict | None = None) 
 
 
 def stable_hash(text: str) -> int:
+    """A hash of a string that is the same in every process (for seeds)."""
     return zlib.crc32(text.encode())
 
 

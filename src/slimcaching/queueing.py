@@ -19,7 +19,7 @@ Beyond the analytic model, which assumes every server and backhaul is idle. Assu
 At vanishing load every token's latency equals the analytic one for its sampled sets, so the
 sample mean converges to T-bar; as load grows, waiting time at busy servers and backhauls adds.
 
-Split-style tokens (latency models other than ``slimcaching``, SPEC section 6), each (user, model)
+Split-style tokens (latency models other than ``slimcaching``, docs/model.md §architectures), each (user, model)
 served as the analytic model serves it:
 
 * through server n: the hidden state reaches n after half the access + relay time; per layer n
@@ -36,13 +36,22 @@ import heapq
 
 import numpy as np
 
+from slimcaching.architectures import (
+    SLIM,
+    dense_exec,
+    mean_latency,
+    pair_options,
+    per_class_problem,
+    profile_sets,
+    serve,
+)
 from slimcaching.problem import Problem
 
 
 def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float = 1.0, seed: int = 0,
                       warmup: float = 0.1, dense: np.ndarray | None = None, latency_model: str = "slimcaching") -> dict:
-    from slimcaching.architectures import SLIM, mean_latency, pair_options, per_class_problem, profile_sets, serve
 
+    """Token-level simulation with FIFO queues at servers and backhauls (see the module docstring)."""
     problem = per_class_problem(problem)  # tokens are drawn per workload entry: rows merged over classes won't do
     rng = np.random.default_rng(seed)
     ni = problem.n_items
@@ -99,8 +108,6 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
             split_sets[int(t)] = [items[pk[j]] for pk in picks]
     d_server, d_cloud = (None, None)
     if latency_model != "slimcaching":
-        from slimcaching.architectures import dense_exec
-
         d_server, d_cloud = dense_exec(problem)
     n_layers = np.array([m.layers for m in sc.models], float)
     cloud_split: dict[int, tuple[int, float]] = {}

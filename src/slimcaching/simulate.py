@@ -3,24 +3,28 @@
 Each simulated token picks a (user, workload entry) with probability proportional to
 lambda_u w_{u,entry} (so a token keeps one task across all its layers), then, independently per
 MoE layer, a co-activation set from that entry's profile; its latency is the dense part plus
-the SPEC section 3 layer latency of each drawn set. The sample mean converges to the analytic
+the docs/model.md §latency layer latency of each drawn set. The sample mean converges to the analytic
 T-bar; percentiles show the spread the mean hides.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from slimcaching.architectures import CLOUD, SLIM, pair_options, per_class_problem, profile_sets, serve
+from slimcaching.errors import ScenarioError
+from slimcaching.hf import RoutingTrace
 from slimcaching.problem import Problem
 
 
 def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0, dense: np.ndarray | None = None,
                     latency_model: str = "slimcaching") -> dict:
     """Draw tokens; each (user, model) pair is served as ``latency_model`` serves it under
-    (x, dense) (SPEC section 6): SlimCaching-style tokens draw a set per layer as above; a token
+    (x, dense) (docs/model.md §architectures): SlimCaching-style tokens draw a set per layer as above; a token
     split through server n draws the same sets and pays the access, relay and dense time once and
     the slowest expert of each set seen from n; a token split through the cloud pays its constant."""
-    from slimcaching.architectures import CLOUD, SLIM, pair_options, per_class_problem, profile_sets, serve
 
     problem = per_class_problem(problem)  # tokens are drawn per workload entry: rows merged over classes won't do
     rng = np.random.default_rng(seed)
@@ -110,55 +114,50 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0,
 def load_trace_array(path) -> np.ndarray:
     """A routing trace as an int array (tokens, layers, K): ``.npy``, or a ``slimcaching profile``
     ``.trace.npz`` whose layers all saw the same tokens (decoder-only models)."""
-    from pathlib import Path
 
-    from slimcaching.errors import ScenarioError
 
     path = Path(path)
     if not path.is_file():
-        raise ScenarioError("--trace", "file not found", str(path))
+        raise ScenarioError("trace", "file not found", str(path))
     if path.suffix == ".npy":
         try:
             arr = np.load(path, allow_pickle=False)
         except ValueError as exc:
-            raise ScenarioError("--trace", f"not a numpy array file ({exc})", str(path)) from None
+            raise ScenarioError("trace", f"not a numpy array file ({exc})", str(path)) from None
     elif path.suffix == ".npz":
-        from slimcaching.hf import RoutingTrace
-
         try:
             tr = RoutingTrace.load(path)
         except KeyError as exc:
-            raise ScenarioError("--trace", f"not a slimcaching routing trace (missing {exc})", str(path)) from None
+            raise ScenarioError("trace", f"not a slimcaching routing trace (missing {exc})", str(path)) from None
         lengths = {len(e) for e in tr.experts}
         if len(lengths) != 1:
-            raise ScenarioError("--trace", "its layers saw different tokens (encoder-decoder?): cannot replay "
+            raise ScenarioError("trace", "its layers saw different tokens (encoder-decoder?): cannot replay "
                                 "token by token", sorted(lengths))
         arr = np.stack(tr.experts, axis=1)
     else:
-        raise ScenarioError("--trace", "expected a .npy or .trace.npz file", str(path))
+        raise ScenarioError("trace", "expected a .npy or .trace.npz file", str(path))
     if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer) or arr.shape[0] == 0:
-        raise ScenarioError("--trace", "expected integer expert ids of shape (tokens, layers, K)", arr.shape)
+        raise ScenarioError("trace", "expected integer expert ids of shape (tokens, layers, K)", arr.shape)
     return arr.astype(np.int64)
 
 
 def replay_trace(problem: Problem, x: np.ndarray, trace: np.ndarray, user: str, model: str) -> dict:
     """Latency of every token of a routing trace, served to ``user`` on ``model`` under placement x."""
-    from slimcaching.errors import ScenarioError
 
     sc = problem.scenario
     names = [u.name for u in sc.users]
     if user not in names:
         shown = ", ".join(names[:8]) + (f", ... ({len(names)} users)" if len(names) > 8 else "")
-        raise ScenarioError("--user", f"unknown user (users: {shown})", user)
+        raise ScenarioError("user", f"unknown user (users: {shown})", user)
     if model not in problem.model_names:
-        raise ScenarioError("--model", "unknown model", model)
+        raise ScenarioError("model", "unknown model", model)
     mi = problem.model_names.index(model)
     m = sc.models[mi]
     if trace.shape[1] != m.layers or trace.shape[2] != m.top_k:
-        raise ScenarioError("--trace", f"shape (tokens, layers, K) must match {model}: layers={m.layers}, "
+        raise ScenarioError("trace", f"shape (tokens, layers, K) must match {model}: layers={m.layers}, "
                             f"K={m.top_k}", list(trace.shape))
     if trace.min() < 0 or trace.max() >= m.experts:
-        raise ScenarioError("--trace", f"expert ids must be in 0..{m.experts - 1}", int(trace.max()))
+        raise ScenarioError("trace", f"expert ids must be in 0..{m.experts - 1}", int(trace.max()))
     ui = names.index(user)
     c = next(k for k, members in enumerate(problem.class_users) if ui in members)
     h = problem.class_home[c]

@@ -110,6 +110,7 @@ def _parse(value: object, kind: str, field: str = "value") -> float:
 
 
 def format_bytes(n: float) -> str:
+    """Bytes in a readable unit (``2.5 GB``)."""
     for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= f:
             return f"{n / f:.3g} {unit}"
@@ -117,6 +118,7 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(t: float) -> str:
+    """Seconds in a readable unit (``12.3 ms``)."""
     if abs(t) >= 1:
         return f"{t:.3f} s"
     return f"{t * 1e3:.3f} ms"

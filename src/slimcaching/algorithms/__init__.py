@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import pkgutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slimcaching.errors import ScenarioError
 from slimcaching.placement import Placement
@@ -20,74 +21,76 @@ from slimcaching.problem import Problem
 
 
 @dataclass(frozen=True)
+class Param:
+    """A parameter's declared type and range (``lo`` allowed only if ``lo_inclusive``)."""
+
+    kind: type
+    lo: float | None = None
+    hi: float | None = None
+    lo_inclusive: bool = True
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
+    """A registered algorithm: its function, one-line summary, declared parameters and display rank."""
+
     name: str
     fn: Callable[..., Placement]
     summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+    rank: int = 1000  # display order in listings and the demo table
 
     @property
     def defaults(self) -> dict:
         sig = inspect.signature(self.fn)
         return {k: p.default for k, p in list(sig.parameters.items())[1:] if p.default is not inspect._empty}
 
+    def rule(self, name: str) -> Param:
+        """The declared rule of a parameter; undeclared ones take their default's type."""
+        return self.params.get(name) or Param(type(self.defaults[name]))
+
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
-_MODULES = ("baselines", "greedy", "slimcaching", "u_shaped", "hybrid", "exact")
 
 
-def register(name: str, summary: str):
+def register(name: str, summary: str, *, params: dict[str, Param] | None = None, rank: int = 1000):
+    """Register an algorithm ``fn(problem, **params) -> Placement`` under ``name``.
+
+    ``params`` declares each parameter's type and range next to the algorithm (as scikit-learn's
+    ``_parameter_constraints``); ``rank`` orders listings. A new algorithm is a module in this
+    package with a registered function, checked by :func:`slimcaching.algorithms.checks.check_algorithm`.
+    """
+
     def deco(fn):
-        ALGORITHMS[name] = AlgorithmSpec(name, fn, summary)
+        ALGORITHMS[name] = AlgorithmSpec(name, fn, summary, dict(params or {}), rank)
         return fn
 
     return deco
 
 
+def _algorithm_modules() -> list[str]:
+    """Every module of this package but the shared building blocks and the contract checks."""
+    return [m.name for m in pkgutil.iter_modules(__path__)
+            if not m.name.startswith("_") and m.name not in ("core", "checks", "co_local")]
+
+
 def _load_all() -> None:
-    for mod in _MODULES:
+    for mod in _algorithm_modules():
         importlib.import_module(f"slimcaching.algorithms.{mod}")
 
 
 def algorithm_names() -> list[str]:
+    """Every registered algorithm's name, in display order (``rank``, then name)."""
     _load_all()
-    order = ["slimcaching", "slimcaching-fast", "greedy-k1", "greedy", "lfu", "random", "none",
-             "u-shaped", "u-shaped-partial", "slimcaching-hybrid", "exact"]
-    return [n for n in order if n in ALGORITHMS] + sorted(set(ALGORITHMS) - set(order))
+    return sorted(ALGORITHMS, key=lambda n: (ALGORITHMS[n].rank, n))
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:
+    """The registered algorithm ``name``; an unknown name is a :class:`ScenarioError` listing the known ones."""
     _load_all()
     if name not in ALGORITHMS:
         raise ScenarioError("algorithm", f"unknown algorithm (known: {', '.join(algorithm_names())})", name)
     return ALGORITHMS[name]
-
-
-# Declared type and range of every algorithm parameter: (type, lowest, highest, lowest allowed?).
-PARAM_RULES: dict[str, tuple[type, float | None, float | None, bool]] = {
-    "passes": (int, 1, 1000, True),
-    "polish": (float, 0, 1e15, True),
-    "budget": (float, 0, 1e15, True),
-    "exact_budget": (float, 0, 1e12, False),
-    "beam_width": (int, 1, 10_000, True),
-    "max_units": (int, 1, 10_000_000, True),
-    "seed_size": (int, 0, 3, True),
-    "max_seeds": (int, 1, 10_000, True),
-    "random_state": (int, 0, 2**32 - 1, True),
-    "time_limit": (float, 0, 1e7, False),
-    "mip_rel_gap": (float, 0, 1, True),
-    "relax": (bool, None, None, True),
-    "warm_start": (bool, None, None, True),
-    "hybrid": (bool, None, None, True),
-    "order": (str, None, None, True),
-    "inner": (str, None, None, True),
-    "rounds": (int, 0, 1000, True),
-    "moves": (int, 0, 1_000_000, True),
-    "screen": (float, 0, 1e15, True),
-    "load": (float, 0, 1e9, True),
-    "max_utilisation": (float, 0, 1, False),
-    "sim_tokens": (int, 0, 10_000_000, True),
-    "sim_seed": (int, 0, 2**32 - 1, True),
-}
 
 
 class SolverBug(RuntimeError):
@@ -135,7 +138,8 @@ def coerce_params(spec: AlgorithmSpec, params: dict) -> dict:
         if k not in defaults:
             known = ", ".join(defaults) or "none"
             raise ScenarioError(f"param {k}", f"unknown parameter for {spec.name} (known: {known})", v)
-        kind, lo, hi, lo_ok = PARAM_RULES.get(k, (type(defaults[k]), None, None, True))
+        r = spec.rule(k)
+        kind, lo, hi, lo_ok = r.kind, r.lo, r.hi, r.lo_inclusive
         v = _convert(k, v, kind)
         if lo is not None and (v < lo or (v == lo and not lo_ok)):
             raise ScenarioError(f"param {k}", f"must be {'>=' if lo_ok else '>'} {lo:g}", v)
@@ -146,6 +150,20 @@ def coerce_params(spec: AlgorithmSpec, params: dict) -> dict:
 
 
 def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
+    """Run the registered algorithm ``name`` with validated ``params`` and check its placement.
+
+    The algorithm sees the compacted problem; the placement is checked for shape and capacity
+    (a violation is a :class:`SolverBug`), and ``solve_seconds`` is set.
+
+    Examples
+    --------
+    >>> from slimcaching.problem import build_problem
+    >>> from slimcaching.scenario import load_scenario
+    >>> problem = build_problem(load_scenario())
+    >>> placement = solve(problem, "lfu")
+    >>> round(problem.objective(placement.x) * 1e3, 3)
+    663.502
+    """
     spec = get_algorithm(name)
     kw = coerce_params(spec, params or {})
     t0 = time.perf_counter()

@@ -1,10 +1,10 @@
-"""Baselines of the paper: ``none``, ``lfu`` and ``random`` (SPEC section 4)."""
+"""Baselines of the paper: ``none``, ``lfu`` and ``random`` (docs/model.md §algorithms)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from slimcaching.algorithms import register
+from slimcaching.algorithms import Param, register
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -30,16 +30,16 @@ def request_scores(problem: Problem) -> np.ndarray:
     return score[:, :ni]
 
 
-@register("none", "no edge caching: local caches and the cloud only")
+@register("none", "no edge caching: local caches and the cloud only", rank=6)
 def no_caching(problem: Problem) -> Placement:
     """Reference: nothing cached at the edge. O(1)."""
     return Placement(problem.empty_placement())
 
 
-@register("lfu", "each server caches the experts most requested of it by its home users")
+@register("lfu", "each server caches the experts most requested of it by its home users", rank=4)
 def lfu(problem: Problem) -> Placement:
     """LFU baseline: server n ranks experts by the request rate of its home users that miss their
-    device cache (SPEC section 4) and fills its storage in that order, skipping experts that do
+    device cache (docs/model.md §algorithms) and fills its storage in that order, skipping experts that do
     not fit. Experts never requested of n are not cached. O(N I log I)."""
     x = problem.empty_placement()
     score = request_scores(problem)
@@ -50,7 +50,8 @@ def lfu(problem: Problem) -> Placement:
     return Placement(x)
 
 
-@register("random", "each server filled with uniformly random experts until nothing more fits")
+@register("random", "each server filled with uniformly random experts until nothing more fits",
+          params={"random_state": Param(int, 0, 2**32 - 1)}, rank=5)
 def random_placement(problem: Problem, random_state: int = 0) -> Placement:
     """Random baseline: a seeded uniformly random order per server, filled while experts fit."""
     rng = np.random.default_rng(random_state)

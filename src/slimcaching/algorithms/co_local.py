@@ -16,7 +16,9 @@ import copy
 
 import numpy as np
 
-from slimcaching.algorithms._tables import build_group, capacity_units, knapsack, pattern_bits, value_table
+from slimcaching.algorithms.core.groups import build_group, pattern_bits
+from slimcaching.algorithms.core.knapsack import capacity_units, knapsack
+from slimcaching.algorithms.core.values import value_table
 from slimcaching.problem import Problem, build_problem
 from slimcaching.scenario import Scenario
 

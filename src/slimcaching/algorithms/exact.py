@@ -8,25 +8,33 @@ included). Only a status of "optimal" is called optimal. With ``relax=True`` eve
 continuous and the result is the LP bound only (the placement is empty).
 
 With ``hybrid=True`` the programme is :mod:`slimcaching.formulation_hybrid`: dense parts and each
-(user, model) pair's serving architecture are chosen too (latency model ``hybrid``, SPEC section
-6), warm-started with ``slimcaching-hybrid``. Big-M choice constraints: small instances only.
+(user, model) pair's serving architecture are chosen too (latency model ``hybrid``, docs/model.md
+§architectures), warm-started with ``slimcaching-hybrid``. Big-M choice constraints: small instances only.
 
 Complexity: exponential in the worst case (NP-hard); size O(rows * K + homes * items * servers).
 """
 
 from __future__ import annotations
 
-from slimcaching.algorithms import register
+import numpy as np
+
+from slimcaching.algorithms import Param, register
+from slimcaching.algorithms.hybrid import slimcaching_hybrid
+from slimcaching.algorithms.slimcaching import slimcaching
+from slimcaching.architectures import mean_latency
+from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
+from slimcaching.formulation_hybrid import build_hybrid_formulation, hybrid_solution
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
 
-@register("exact", "MILP optimum by HiGHS, warm-started with slimcaching; time limit; relax=true: LP lower bound")
+@register("exact", "MILP optimum by HiGHS, warm-started with slimcaching; time limit; relax=true: LP lower bound",
+          params={"time_limit": Param(float, 0, 1e7, lo_inclusive=False), "mip_rel_gap": Param(float, 0, 1),
+                  "relax": Param(bool), "warm_start": Param(bool), "hybrid": Param(bool)}, rank=10)
 def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_rel_gap: float = 1e-9,
           warm_start: bool = True, hybrid: bool = False) -> Placement:
     """Optimal placement, or the best found within ``time_limit`` seconds with its proven gap.
     The time limit is HiGHS's; the warm start (a ``slimcaching`` solve) comes on top of it."""
-    from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
 
     if hybrid:
         return _exact_hybrid(problem, time_limit, relax, mip_rel_gap, warm_start)
@@ -43,8 +51,6 @@ def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_r
         return Placement(problem.empty_placement(), info=info)
     warm_x = warm = None
     if warm_start:
-        from slimcaching.algorithms.slimcaching import slimcaching
-
         warm_x = slimcaching(problem).x
         warm = f.solution(warm_x)
         info["warm_start_s"] = float(problem.objective(warm_x))
@@ -65,11 +71,7 @@ def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_r
 
 def _exact_hybrid(problem: Problem, time_limit: float, relax: bool, mip_rel_gap: float, warm_start: bool
                   ) -> Placement:
-    import numpy as np
 
-    from slimcaching.architectures import mean_latency
-    from slimcaching.formulation import solve_lp_bound, solve_milp
-    from slimcaching.formulation_hybrid import build_hybrid_formulation, hybrid_solution
 
     hf = build_hybrid_formulation(problem)
     f = hf.f
@@ -86,8 +88,6 @@ def _exact_hybrid(problem: Problem, time_limit: float, relax: bool, mip_rel_gap:
                          dense=np.zeros((ns, nm), bool))
     warm = best = None
     if warm_start:
-        from slimcaching.algorithms.hybrid import slimcaching_hybrid
-
         start = slimcaching_hybrid(problem)
         best = (start.x, start.dense)
         warm = hybrid_solution(hf, problem, *best)

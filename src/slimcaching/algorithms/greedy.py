@@ -40,7 +40,7 @@ import itertools
 
 import numpy as np
 
-from slimcaching.algorithms import register
+from slimcaching.algorithms import Param, register
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -161,13 +161,18 @@ def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Pl
     return Placement(best_x, params=params)
 
 
-@register("greedy-k1", "lazy cost-benefit greedy with partial enumeration on the true objective")
+GREEDY_PARAMS = {"seed_size": Param(int, 0, 3), "max_seeds": Param(int, 1, 10_000)}
+
+
+@register("greedy-k1", "lazy cost-benefit greedy with partial enumeration on the true objective",
+          params=GREEDY_PARAMS, rank=2)
 def greedy_k1(problem: Problem, seed_size: int = 1, max_seeds: int = 8) -> Placement:
     """The paper's K=1 algorithm (see module docstring for guarantees)."""
     return _greedy(problem, False, seed_size, max_seeds)
 
 
-@register("greedy", "baseline: the same greedy on the co-activation-blind objective")
+@register("greedy", "baseline: the same greedy on the co-activation-blind objective", params=GREEDY_PARAMS,
+          rank=3)
 def greedy_blind(problem: Problem, seed_size: int = 1, max_seeds: int = 8) -> Placement:
     """The paper's Greedy baseline (each activated expert scored independently, as if K=1)."""
     return _greedy(problem, True, seed_size, max_seeds)

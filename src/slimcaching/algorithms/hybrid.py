@@ -1,4 +1,4 @@
-"""``slimcaching-hybrid``: expert caches and dense parts chosen together (SPEC section 6).
+"""``slimcaching-hybrid``: expert caches and dense parts chosen together (docs/model.md §architectures).
 
 Beyond the paper. Each (user, model) pair is served by the fastest of SlimCaching-style serving,
 split-style through a server that stores the model's dense part, and split-style through the
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from slimcaching.algorithms import register
-from slimcaching.algorithms.slimcaching import _successive, slimcaching, slimcaching_fast
+from slimcaching.algorithms import Param, register
+from slimcaching.algorithms.slimcaching import slimcaching, slimcaching_fast, successive_decomposition
 from slimcaching.algorithms.u_shaped import partial_hosts, whole_model_hosts
 from slimcaching.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
 from slimcaching.architectures import utilisation as expected_utilisation
 from slimcaching.errors import ScenarioError
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
+from slimcaching.queueing import simulate_queueing
 
 INNER = {"slimcaching": slimcaching, "slimcaching-fast": slimcaching_fast}
 
@@ -50,7 +51,7 @@ def _caches_for(problem: Problem, choice: np.ndarray, dense: np.ndarray, inner: 
     if screen is None:
         return INNER[inner](ap).x
     fast = inner == "slimcaching-fast"
-    return _successive(ap, fast, "rate", 50, 2e8, 1 if fast else 16, 60000, 0.0, screen).x
+    return successive_decomposition(ap, fast, "rate", 50, 2e8, 1 if fast else 16, 60000, 0.0, screen).x
 
 
 def _improves(new: tuple[float, float], old: tuple[float, float]) -> bool:
@@ -60,7 +61,11 @@ def _improves(new: tuple[float, float], old: tuple[float, float]) -> bool:
     return new[0] <= old[0] + 1e-12 and new[1] < old[1] - 1e-12 * max(abs(old[1]), 1e-300)
 
 
-@register("slimcaching-hybrid", "expert caches and dense parts together; each (user, model) served the faster way")
+@register("slimcaching-hybrid", "expert caches and dense parts together; each (user, model) served the faster way",
+          params={"inner": Param(str), "rounds": Param(int, 0, 1000), "moves": Param(int, 0, 1_000_000),
+                  "screen": Param(float, 0, 1e15), "load": Param(float, 0, 1e9),
+                  "max_utilisation": Param(float, 0, 1, lo_inclusive=False), "sim_tokens": Param(int, 0, 10_000_000),
+                  "sim_seed": Param(int, 0, 2**32 - 1)}, rank=9)
 def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds: int = 6,
                        moves: int = 0, screen: float = 1e7, load: float = 0.0,
                        max_utilisation: float = 0.8, sim_tokens: int = 0, sim_seed: int = 0) -> Placement:
@@ -188,7 +193,6 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
             history.append(lat[1])
     simulated = None
     if load > 0 and sim_tokens > 0:  # under load: the fastest plan in the queueing simulation
-        from slimcaching.queueing import simulate_queueing
 
         sims = []
         for k, (xk, dk, name) in enumerate([(x, dense, "search")] + plans):

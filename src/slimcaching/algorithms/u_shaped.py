@@ -1,4 +1,4 @@
-"""Split-inference baselines (SPEC sections 4 and 6): ``u-shaped`` and ``u-shaped-partial``.
+"""Split-inference baselines (docs/model.md §algorithms, §architectures): ``u-shaped`` and ``u-shaped-partial``.
 
 Split-style serving: the device sends the hidden state once per token to a server that runs the
 dense part and every MoE layer and returns the result (one access round trip per token). A
@@ -9,7 +9,7 @@ experts (see :mod:`slimcaching.architectures` for the latency of each option).
   Per server, which models to host is a 0/1 knapsack maximising the rate-weighted latency
   reduction of its home users over split inference in the cloud; each (user, model) is then served
   by the best of the cloud and the servers hosting the model.
-- ``u-shaped-partial`` (what ``u-shaped`` was before SPEC section 6, now storage-honest): the home
+- ``u-shaped-partial`` (what ``u-shaped`` was before docs/model.md §architectures, now storage-honest): the home
   server stores the dense parts of the models its users run, in descending home token rate while
   they fit, then fills the rest with ``lfu`` experts (requests counted without device caches). A
   pair whose dense part is at home is served split-style there, any other by the cloud.
@@ -32,6 +32,7 @@ MAX_SUBSET_MODELS = 16  # exhaustive knapsack over models up to this many; greed
 
 
 def without_local_caches(problem: Problem) -> Problem:
+    """The problem with every device cache emptied (split-style serving does not use them)."""
     if "no_local" not in problem._cache:
         sc = copy.copy(problem.scenario)
         sc._index = {}
@@ -90,9 +91,9 @@ def whole_model_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return x, whole
 
 
-@register("u-shaped", "U-shaped split inference with whole models at servers (the paper's baseline)")
+@register("u-shaped", "U-shaped split inference with whole models at servers (the paper's baseline)", rank=7)
 def u_shaped(problem: Problem) -> Placement:
-    """Whole-model split inference (SPEC section 6); the placement carries ``latency_model:
+    """Whole-model split inference (docs/model.md §architectures); the placement carries ``latency_model:
     u-shaped`` and ``dense``. O(N (C M + 2^M)) with C user classes and M models."""
     x, whole = whole_model_hosts(problem)
     out = Placement(x, latency_model="u-shaped", dense=whole)
@@ -125,9 +126,10 @@ def partial_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return x, dense
 
 
-@register("u-shaped-partial", "split inference at the home server: dense parts there, lfu experts in the rest")
+@register("u-shaped-partial", "split inference at the home server: dense parts there, lfu experts in the rest",
+          rank=8)
 def u_shaped_partial(problem: Problem) -> Placement:
-    """Partial split inference (SPEC section 6): dense parts at home, counted against Q_n; the
+    """Partial split inference (docs/model.md §architectures): dense parts at home, counted against Q_n; the
     placement carries ``latency_model: u-shaped-partial`` and ``dense``. O(N I log I)."""
     x, dense = partial_hosts(problem)
     out = Placement(x, latency_model="u-shaped-partial", dense=dense)

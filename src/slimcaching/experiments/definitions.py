@@ -9,6 +9,8 @@ PAPER_ALGOS = ("slimcaching", "slimcaching-fast", "greedy", "lfu", "random", "u-
 
 @dataclass(frozen=True)
 class Experiment:
+    """One experiment of the catalogue: what it sweeps, over which values, with which algorithms."""
+
     name: str
     option: str  # generator option (or "size" for runtime)
     values: tuple
@@ -76,7 +78,8 @@ EXPERIMENTS["regimes"] = Experiment(
     tuple((g, s, v) for g in REGIME_SECOND for s in (0.5e9, 10e9) for v in REGIME_SECOND[g][::4]),
     "edge storage per server (GB)", algorithms=REGIME_ALGOS, x_of="GB",
     description="Which serving architecture wins where: grids of edge storage per server x access RTT, "
-    "edge storage x uplink rate and edge storage x load (SPEC section 6). The load grid's latencies come from "
+    "edge storage x uplink rate and edge storage x load (docs/model.md §architectures). The load grid's "
+    "latencies come from "
     "the queueing simulation (`simulate --queueing`: split-style serving puts every layer's compute on the edge "
     "server, SlimCaching-style only the experts), the others from the analytic model. Per cell: "
     "SlimCaching-style (`slimcaching`, `lfu`, `none`), "
@@ -87,6 +90,7 @@ QUICK_BASE = {"users": 16, "servers": 3, "profile_tokens": 200}
 
 
 def x_value(exp: Experiment, value) -> float:
+    """The value on the x axis for a swept option value (e.g. GB for a capacity)."""
     if exp.option == "size":
         return float(value[1])
     if exp.option == "regime":

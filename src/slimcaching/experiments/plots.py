@@ -10,7 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-from slimcaching.experiments.definitions import EXPERIMENTS, Experiment
+from slimcaching.algorithms import solve
+from slimcaching.architectures import mean_latency
+from slimcaching.errors import ScenarioError
+from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
+from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
+from slimcaching.figures import pyplot, save_figure
+from slimcaching.fileio import atomic_write
+from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.problem import build_problem
+from slimcaching.scenario import resolve_scenario
 
 PAPER_HEADLINE = {"greedy": 16.7, "lfu": 19.5}  # % lower latency than Greedy / LFU at 2.5 GB (the paper)
 STYLE = {"slimcaching": ("C0", "o"), "slimcaching-fast": ("C9", "s"), "greedy": ("C1", "^"), "lfu": ("C2", "v"),
@@ -19,13 +28,14 @@ STYLE = {"slimcaching": ("C0", "o"), "slimcaching-fast": ("C9", "s"), "greedy": 
 
 
 def read_rows(path: Path) -> list[dict]:
+    """The rows of an experiment's CSV file as dicts."""
     with path.open() as f:
         return list(csv.DictReader(f))
 
 
 def aggregate(rows: list[dict], metric: str) -> dict[str, list[tuple[float, float, float, int]]]:
     """algorithm -> [(x, mean, 95% half-width, n)] over seeds (NaNs dropped)."""
-    from scipy import stats
+    from scipy import stats  # start-up: scipy ~1-2 s
 
     acc: dict[tuple[str, float], list[float]] = {}
     for r in rows:
@@ -44,10 +54,8 @@ def aggregate(rows: list[dict], metric: str) -> dict[str, list[tuple[float, floa
 
 
 def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Draw an experiment's aggregated curves; returns the PNG and SVG paths."""
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.6, 4.2), dpi=150)
     for a in list(exp.algorithms) + [k for k in agg if k not in exp.algorithms]:
@@ -60,7 +68,7 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
     if exp.logx:
         ax.set_xscale("log")
     elif all(float(p[0]).is_integer() for pts in agg.values() for p in pts):
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # start-up: matplotlib ~1 s
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if exp.metric == "solve_s":
@@ -73,19 +81,8 @@ def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
     return save_figure(fig, out, exp.name)
 
 
-def save_figure(fig, out: Path, name: str) -> list[Path]:
-    """Write ``name``.png and .svg into ``out`` and close the figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths:
-        fig.savefig(p)
-    plt.close(fig)
-    return paths
-
-
 def fitted_slopes(agg: dict) -> dict[str, float]:
+    """Least-squares slope of log latency against log x per algorithm (scaling exponents)."""
     out = {}
     for a, pts in agg.items():
         xs = np.array([p[0] for p in pts])
@@ -97,6 +94,7 @@ def fitted_slopes(agg: dict) -> dict[str, float]:
 
 
 def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = "default scenario") -> str:
+    """The Markdown summary of an experiment: its claims checked against the measured rows."""
     seeds = sorted({r["seed"] for r in rows})
     failed = [r for r in rows if r.get("error")]
     spread = any(p[2] > 0 for pts in agg.values() for p in pts)
@@ -182,12 +180,6 @@ HEADLINE_VARIANTS = (
 def headline_variants(quick: bool, seed: int = 0) -> list[tuple[str, dict[str, float]]]:
     """Latency (ms) at 2.5 GB of slimcaching, greedy, lfu, u-shaped and the hybrid under each variant of
     :data:`HEADLINE_VARIANTS` (what moves the paper's headline numbers)."""
-    from slimcaching.algorithms import solve
-    from slimcaching.architectures import mean_latency
-    from slimcaching.experiments.definitions import QUICK_BASE
-    from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-    from slimcaching.problem import build_problem
-    from slimcaching.scenario import resolve_scenario
 
     out = []
     for label, over in HEADLINE_VARIANTS:
@@ -203,6 +195,7 @@ def headline_variants(quick: bool, seed: int = 0) -> list[tuple[str, dict[str, f
 
 
 def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
+    """Markdown lines of the headline variants table."""
     lines = ["## The headline under other assumptions (2.5 GB, seed 0)", "",
              "| scenario | slimcaching ms | vs Greedy | vs LFU | u-shaped ms | hybrid ms |",
              "|---|---|---|---|---|---|",
@@ -222,12 +215,10 @@ def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
 
 def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: str = "default scenario",
                   quick: bool = False) -> None:
-    from slimcaching.fileio import atomic_write
 
+    """Write an experiment's figures and summary beside its CSV; returns the summary path."""
     rows = read_rows(csv_path)
     if exp.option == "regime":
-        from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
-
         table = regime_table(rows)
         plot_regimes(exp, table, out)
         atomic_write(out / f"{exp.name}.md", regime_summary(exp, rows, table, scenario_label))
@@ -288,7 +279,6 @@ def _md_to_html(text: str) -> str:
 
 def write_report(directory: str | Path) -> Path:
     """One self-contained HTML page (figures embedded as base64 PNG) for every experiment in DIR."""
-    from slimcaching.errors import ScenarioError
 
     d = Path(directory)
     if not d.is_dir():
@@ -312,7 +302,6 @@ def write_report(directory: str | Path) -> Path:
         parts.append("</section>")
     parts.append("</body></html>")
     path = d / "report.html"
-    from slimcaching.fileio import atomic_write
 
     atomic_write(path, "\n".join(parts))
     return path

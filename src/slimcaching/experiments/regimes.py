@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.experiments.definitions import REGIME_LABEL, Experiment
+from slimcaching.figures import pyplot, save_figure
 
 SINGLE = ("slimcaching", "u-shaped", "u-shaped-partial", "lfu", "none")
 HYBRID = "slimcaching-hybrid"
@@ -49,11 +50,9 @@ def _gain(lat: dict[str, float]) -> float:
 
 
 def plot_regimes(exp: Experiment, table: dict, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
+    """Draw the regime map: per cell the winning architecture and its margin."""
+    plt = pyplot()
+    from matplotlib.colors import ListedColormap  # start-up: matplotlib ~1 s
 
     grids = [g for g in REGIME_LABEL if g in table]
     if not grids:
@@ -88,12 +87,11 @@ def plot_regimes(exp: Experiment, table: dict, out: Path) -> list[Path]:
             a.set_yticks(range(len(ss)), [f"{s:g}" for s in ss])
             a.set_xlabel(REGIME_LABEL[g])
             a.set_ylabel(exp.xlabel)
-    from slimcaching.experiments.plots import save_figure
-
     return save_figure(fig, out, exp.name)
 
 
 def regime_summary(exp: Experiment, rows: list[dict], table: dict, scenario_label: str) -> str:
+    """The Markdown summary of the regime map."""
     seeds = sorted({r["seed"] for r in rows})
     lines = [f"# Experiment `{exp.name}` on the {scenario_label}", "", exp.description, "",
              f"{len(seeds)} seed(s); mean per-token latency (ms), averaged over seeds.", ""]

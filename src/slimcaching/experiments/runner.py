@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
+import multiprocessing as mp
+import os
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from slimcaching.algorithms import solve
 from slimcaching.errors import ScenarioError
-from slimcaching.experiments.definitions import EXPERIMENTS, Experiment, apply_point, x_value
+from slimcaching.evaluation import placement_breakdown
+from slimcaching.experiments.definitions import EXPERIMENTS, REGIME_TOKENS, Experiment, apply_point, x_value
+from slimcaching.experiments.plots import write_outputs
+from slimcaching.fileio import atomic_output
+from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.problem import build_problem
+from slimcaching.queueing import simulate_queueing
+from slimcaching.scenario import load_scenario, resolve_scenario
 
 COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
            "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error"]
@@ -18,15 +32,11 @@ SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
 
 
 def _scenario_for(exp: Experiment, value, seed: int, quick: bool, scenario_path: str | None):
-    from slimcaching.generate import generate_scenario_dict, GeneratorOptions  # noqa: I001
-    from slimcaching.scenario import load_scenario, resolve_scenario
-
     if scenario_path is None:
         return resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed, **apply_point(exp, value, quick)))
     if exp.option not in SCENARIO_OPTIONS:
-        raise ScenarioError("--scenario", f"experiment {exp.name!r} sweeps {exp.option}, which needs the generator; "
+        raise ScenarioError("scenario", f"experiment {exp.name!r} sweeps {exp.option}, which needs the generator; "
                             f"with a scenario file use capacity, local-cache, bandwidth or communication")
-    import copy
 
     sc = load_scenario(scenario_path)
     sc = copy.deepcopy(sc)
@@ -49,10 +59,6 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
     exp = EXPERIMENTS[exp_name]
     base = {"experiment": exp_name, "point": json.dumps(value), "x": x_value(exp, value), "seed": seed}
     try:
-        from slimcaching.algorithms import solve
-        from slimcaching.evaluation import placement_breakdown
-        from slimcaching.problem import build_problem
-
         problem = build_problem(_scenario_for(exp, value, seed, quick, scenario_path))
         problem.compact()
         names = list(algorithms) + (["exact"] if exact_limit > 0 else [])
@@ -62,16 +68,12 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
         for name in names:
             params = {"time_limit": exact_limit} if name == "exact" else {}
             if name == "slimcaching-hybrid" and exp.option == "regime" and value[0] == "load":
-                from slimcaching.experiments.definitions import REGIME_TOKENS
-
                 # the hybrid plans for the cell's load and picks among its plans by the same simulation
                 params = {"load": float(value[2]), "sim_tokens": REGIME_TOKENS[quick], "sim_seed": seed}
             pl = solve(problem, name, params)
             bd = placement_breakdown(problem, pl)
             lat = bd["mean_token_latency_s"]
             if exp.option == "regime" and value[0] == "load":  # users have rate 1: load = tokens/s per user
-                from slimcaching.experiments.definitions import REGIME_TOKENS
-                from slimcaching.queueing import simulate_queueing
 
                 lat = simulate_queueing(problem, pl.x, REGIME_TOKENS[quick], load=float(value[2]), seed=seed,
                                         dense=pl.dense, latency_model=pl.latency_model)["mean_token_latency_s"]
@@ -107,15 +109,13 @@ Task = tuple  # (exp_name, value, seed, quick, algorithms, exact_limit, scenario
 
 
 def serial_executor(tasks: list[Task], **_) -> Iterable[list[dict]]:
+    """Run points one after another in this process."""
     for t in tasks:
         yield run_point(*t)
 
 
 def _watch_parent(parent: int) -> None:
     """Worker initializer: exit as soon as the main process is gone (even if it was SIGKILLed)."""
-    import os
-    import threading
-    import time
 
     def watch() -> None:
         while True:
@@ -127,10 +127,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iterable[list[dict]]:
-    import multiprocessing as mp
-    import os
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+    """Run points in worker processes (stopped on Ctrl-C and when the parent dies)."""
     ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_watch_parent,
                                initargs=(os.getpid(),))
@@ -147,16 +144,22 @@ def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iter
                 proc.terminate()
         for proc in procs:
             proc.join(5)
+        # let the pool's manager thread close its wake-up pipe before the interpreter's exit hook
+        # writes to it (Python 3.11 races there: "OSError: Bad file descriptor" at exit)
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(5)
         raise
     else:
         pool.shutdown(wait=True)
 
 
 def ray_executor(tasks: list[Task], address: str | None = None, workers: int | None = None, **_):
+    """Run points as Ray tasks (a local instance, or the cluster at ``address``)."""
     try:
-        import ray
+        import ray  # optional extra (ray)
     except ImportError:
-        raise ScenarioError("--backend", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
+        raise ScenarioError("backend", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
     started = False
     if not ray.is_initialized():
         kw = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
@@ -203,7 +206,6 @@ def _drop_failed(path: Path) -> None:
     """On resume, failed and torn rows are run again: rewrite the file without them (and so without a
     half line the next rows would be glued to)."""
     rows = [r for r in _complete_rows(path) if not r.get("error")]
-    from slimcaching.fileio import atomic_output
 
     with atomic_output(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
@@ -219,15 +221,14 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
     if name not in EXPERIMENTS:
         raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", name)
     if backend not in EXECUTORS:
-        raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
+        raise ScenarioError("backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     if seeds < 1:
-        raise ScenarioError("--seeds", "must be >= 1", seeds)
+        raise ScenarioError("seeds", "must be >= 1", seeds)
     exp = EXPERIMENTS[name]
     if scenario_path is not None:
         if exp.option not in SCENARIO_OPTIONS:
-            raise ScenarioError("--scenario", f"experiment {name!r} sweeps {exp.option}, which needs the generator; "
+            raise ScenarioError("scenario", f"experiment {name!r} sweeps {exp.option}, which needs the generator; "
                                 "with a scenario file use capacity, local-cache, bandwidth or communication")
-        from slimcaching.scenario import load_scenario
 
         load_scenario(scenario_path)  # fail early, with the file's own error
     out = Path(out)
@@ -256,12 +257,9 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
             f.flush()
             if progress:
                 progress(k, total)
-    from slimcaching.experiments.plots import write_outputs
 
     label = "default scenario"
     if scenario_path is not None:
-        from slimcaching.scenario import load_scenario
-
         label = f"scenario {load_scenario(scenario_path).name!r} ({Path(scenario_path).name})"
     write_outputs(exp, path, out, label, quick=quick)
     return path

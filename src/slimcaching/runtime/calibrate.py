@@ -11,13 +11,15 @@ from __future__ import annotations
 import statistics
 import time
 
+from slimcaching.hf import find_moe_layers, load_model
+from slimcaching.model_dir import model_numbers
+from slimcaching.runtime.weights import expert_source, run_expert
+
 
 def calibrate(model_dir: str, tokens: int = 32) -> dict:
-    import torch
+    """Time this machine's dense and expert execution for a model directory."""
+    import torch  # optional extra (hf)
 
-    from slimcaching.hf import find_moe_layers, load_model
-    from slimcaching.model_dir import model_numbers
-    from slimcaching.runtime.weights import expert_source, run_expert
 
     nums = model_numbers(model_dir)
     model, _ = load_model(model_dir)

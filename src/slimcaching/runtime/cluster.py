@@ -18,29 +18,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slimcaching.errors import ScenarioError
+from slimcaching.evaluation import problem_for
+from slimcaching.fileio import read_data_file
+from slimcaching.model_dir import model_numbers
+from slimcaching.placement import load_placement
+from slimcaching.problem import build_problem
 from slimcaching.runtime.routing import Layout, build_layout
-from slimcaching.scenario import Scenario, read_data_file
+from slimcaching.runtime.weights import expert_source
+from slimcaching.scenario import Scenario, load_scenario
 
 _ADDR = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 
 @dataclass
 class Context:
+    """The resolved inputs of a run: scenario, placement, model directory and the layout."""
+
     scenario: Scenario
     layout: Layout
     placement: dict
     model_dir: Path
 
     def expert_source(self):
-        from slimcaching.runtime.weights import expert_source
-
         return expert_source(self.model_dir)
 
 
 def _require_runtime() -> None:
     try:
-        import msgpack  # noqa: F401
-        import zmq  # noqa: F401
+        import msgpack  # noqa: F401 - optional extra (runtime: msgpack)
+        import zmq  # noqa: F401 - optional extra (runtime: pyzmq)
     except ImportError:
         raise ScenarioError("runtime", "needs the runtime extra: pip install 'slimcaching[runtime]'") from None
 
@@ -50,11 +56,6 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
     """Resolve scenario and placement, pick the scenario model that ``model_dir`` runs, check
     that the directory matches it, and build the layout."""
     _require_runtime()
-    from slimcaching.evaluation import problem_for
-    from slimcaching.model_dir import model_numbers
-    from slimcaching.placement import load_placement
-    from slimcaching.problem import build_problem
-    from slimcaching.scenario import load_scenario
 
     sc = load_scenario(None if str(scenario) in ("", "default") else scenario)
     base = build_problem(sc)
@@ -66,7 +67,7 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
                             pl.latency_model)
     mdir = Path(model_dir).expanduser()
     if not mdir.is_dir():
-        raise ScenarioError("--model", "model directory not found", str(model_dir))
+        raise ScenarioError("model", "model directory not found", str(model_dir))
     mdir = mdir.resolve()
     if model_name is None:
         by_dir = [m.name for m in sc.models if m.hf and Path(m.hf).resolve() == mdir]
@@ -75,19 +76,19 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
         elif len(sc.models) == 1:
             model_name = sc.models[0].name
         else:
-            raise ScenarioError("--model-name", "the scenario has several models; name the one to run "
+            raise ScenarioError("model_name", "the scenario has several models; name the one to run "
                                 f"({', '.join(m.name for m in sc.models)})")
     if model_name not in sc.model_by_name:
-        raise ScenarioError("--model-name", f"not a model of the scenario ({', '.join(sc.model_by_name)})",
+        raise ScenarioError("model_name", f"not a model of the scenario ({', '.join(sc.model_by_name)})",
                             model_name)
     m = sc.model_by_name[model_name]
     try:
         got = model_numbers(mdir)
     except ScenarioError as exc:
-        raise ScenarioError("--model", str(exc).split(": ", 1)[-1]) from None
+        raise ScenarioError("model", str(exc).split(": ", 1)[-1]) from None
     for f in ("layers", "experts", "top_k", "expert_flops"):
         if abs(float(got[f]) - float(getattr(m, f))) > 1e-9 * max(1.0, abs(float(got[f]))):
-            raise ScenarioError("--model", f"the model directory does not match scenario model {m.name!r}: "
+            raise ScenarioError("model", f"the model directory does not match scenario model {m.name!r}: "
                                 f"{f} is {got[f]:g} there, {getattr(m, f):g} in the scenario", str(model_dir))
     edge = {s: [list(problem.item_key(i)) for i in pl.x[n].nonzero()[0]]
             for n, s in enumerate(problem.server_names)}
@@ -115,3 +116,29 @@ def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:
         raise ScenarioError("cluster.nodes", f"no address for node {missing[0]!r}")
     return out
 
+
+def cluster_file_data(path: str | Path) -> dict:
+    """A cluster file's mapping, its scenario / placement / model paths resolved beside it."""
+    path = Path(path)
+    data = read_data_file(path)
+    for key in ("scenario", "placement", "model"):
+        if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+            data[key] = str(path.parent / data[key])
+    return data
+
+
+def cluster_inputs(cluster: str | Path, scenario: str | None = None, placement: str | None = None,
+                   model: str | None = None, model_name: str | None = None):
+    """(cluster data, scenario, placement, model dir, context, node addresses) of a cluster file;
+    values given here win over the file's (errors name ``scenario`` / ``placement`` / ``model``)."""
+
+    def pick(given, key: str) -> str:
+        v = given if given is not None else data.get(key)
+        if v is None:
+            raise ScenarioError(key, f"required (or give '{key}' in the cluster file)")
+        return str(v)
+
+    data = cluster_file_data(cluster)
+    sc, pl, md = pick(scenario, "scenario"), pick(placement, "placement"), pick(model, "model")
+    ctx = load_context(sc, pl, md, model_name or data.get("model_name"))
+    return data, sc, pl, md, ctx, read_cluster_file(cluster, ctx.layout.nodes)

@@ -3,7 +3,7 @@
 :func:`install` replaces the ``experts`` module of every MoE block with :class:`RemoteExperts`;
 router, attention, norms, shared experts and head stay the model's own. Per MoE layer the device
 sends the hidden states of the tokens that need non-local experts in *one* message to the home
-server (SPEC section 7), runs its local experts meanwhile, and combines all outputs with the gate
+server (docs/runtime.md), runs its local experts meanwhile, and combines all outputs with the gate
 weights exactly as the model's eager experts loop does (ascending expert id, ``out * weight``,
 ``index_add_``), so the output equals the monolithic model's.
 
@@ -16,15 +16,21 @@ backhaul); experts are stateless, so the output is unchanged. A fatal error from
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
+from slimcaching.hf import find_moe_layers, load_model
 from slimcaching.runtime import protocol
+from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.linkemu import Link, schedule_path, sleep_until
+from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
+from slimcaching.runtime.tensors import to_numpy
+from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
 CONNECT_GRACE_MS = 100  # a peer not connected after this long counts as down
 
@@ -35,6 +41,8 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class LayerRecord:
+    """Where one MoE layer's time went on the device."""
+
     layer: int
     experts: list[int]
     route: dict  # expert -> "device" or node name
@@ -52,6 +60,8 @@ class LayerRecord:
 
 @dataclass
 class StepRecord:
+    """One decoded token: its layers, measured and predicted seconds."""
+
     tokens: int
     layers: list[LayerRecord] = field(default_factory=list)
     t0: float = 0.0
@@ -61,8 +71,9 @@ class DeviceClient:
     """Talks to the home server (and to the cloud when the home fails) for one user."""
 
     def __init__(self, user: str, layout: Layout, addresses: dict[str, str], local_modules: dict, *,
-                 emulate: bool = True, pace: bool = False, deadline_factor: float = 3.0,
-                 deadline_floor_s: float = 0.25, retry_after_s: float = 2.0):
+                 emulate: bool = True, pace: bool = False, deadline_factor: float = DEFAULTS.deadline_factor,
+                 deadline_floor_s: float = DEFAULTS.deadline_floor_s,
+                 retry_after_s: float = DEFAULTS.retry_after_s):
         if user not in layout.homes:
             raise ValueError(user)
         self.user = user
@@ -114,10 +125,7 @@ class DeviceClient:
                   predicted_remote_s: float):
         """Outputs {expert: tensor (rows, h)} for ``remote`` (expert -> rows) and ``local``
         (expert, token rows tensor), with the record of where the time went."""
-        import torch
-
-        from slimcaching.runtime.node import _to_numpy
-        from slimcaching.runtime.weights import run_expert
+        import torch  # optional extra (hf)
 
         t0 = time.time()
         rec = LayerRecord(layer, [], {}, 0.0, 0.0)
@@ -127,7 +135,7 @@ class DeviceClient:
             ser0 = time.time()
             rows = sorted({r for rs in remote.values() for r in rs})
             pos = {r: i for i, r in enumerate(rows)}
-            payload = _to_numpy(x[rows])
+            payload = to_numpy(x[rows])
             assign = [[e, [pos[r] for r in remote[e]]] for e in sorted(remote)]
             tag = "bfloat16" if x.dtype == torch.bfloat16 else None
             rec.serialise_s += time.time() - ser0
@@ -149,20 +157,21 @@ class DeviceClient:
             local_end = t0
         if remote:
             deadline = t0 + self.deadline_for(predicted_remote_s)
-            h, tensors, recv_at = self._wait(sent, deadline, layer, payload, assign, tag, t0)
+            res, recv_at = self._wait(sent, deadline, layer, payload, assign, tag, t0)
             ser0 = time.time()
-            for e, t in zip(h["experts"], tensors):
+            for e, t in zip(res.experts, res.tensors):
                 tt = torch.from_numpy(np.array(t, copy=True))
                 outputs[e] = tt.view(torch.bfloat16) if tag == "bfloat16" else tt
-                rec.route[e] = h["route"].get(str(e), h.get("node"))
+                rec.route[e] = str(res.route.get(str(e), res.node))
             rec.serialise_s += time.time() - ser0
-            timing = h.get("timing", {})
-            rec.queue_s = float(timing.get("queue_s", 0.0)) + sum(
-                float(r.get("queue_s", 0.0)) for r in timing.get("remote", {}).values())
-            rec.remote_compute_s = float(timing.get("compute_s", 0.0)) + max(
-                [float(r.get("compute_s", 0.0)) for r in timing.get("remote", {}).values()] or [0.0])
-            released, ready = float(timing.get("released", t0)), float(timing.get("ready", t0))
-            deliver = float(h.get("deliver_at") or recv_at)
+            timing = res.timing
+            remote_timing = [r for r in (timing.get("remote") or {}).values() if isinstance(r, dict)] \
+                if isinstance(timing.get("remote"), dict) else []
+            rec.queue_s = _seconds(timing.get("queue_s")) + sum(_seconds(r.get("queue_s")) for r in remote_timing)
+            rec.remote_compute_s = _seconds(timing.get("compute_s")) + max(
+                [_seconds(r.get("compute_s")) for r in remote_timing] or [0.0])
+            released, ready = _seconds(timing.get("released"), t0), _seconds(timing.get("ready"), t0)
+            deliver = res.deliver_at or recv_at
             rec.access_s = max(0.0, released - t0) + max(0.0, deliver - ready)
             rec.relay_s = max(0.0, ready - released - rec.remote_compute_s - rec.queue_s)
             rec.overhead_s = max(0.0, recv_at - deliver)
@@ -180,22 +189,19 @@ class DeviceClient:
         target = self._target() if self.home not in exclude else CLOUD
         if target in exclude:
             raise ClusterError(f"no live home server or cloud for user {self.user!r} (layer {layer})")
-        rid = next(self.ids)
-        hdr = {"op": "run", "id": rid, "model": self.layout.model, "layer": layer, "assign": assign,
-               "relay": True, "reply_user": self.user, "dtype_tag": tag,
-               "reply_hops": [] if target == self.home else [[CLOUD, self.home]]}
-        frames = protocol.encode(hdr, [payload])
-        size = protocol.message_bytes(frames)
+        req = RunRequest(next(self.ids), self.layout.model, layer, assign, payload, relay=True, reply_user=self.user,
+                         reply_hops=[] if target == self.home else [(CLOUD, self.home)], dtype_tag=tag)
+        size = protocol.message_bytes(req.frames())
         links = [self.uplink] if target == self.home else [self.uplink, self.backhaul]
-        deliver = schedule_path(links, size, t0)
+        req.deliver_at = schedule_path(links, size, t0)
         sock = self._sock(target)
         try:
             if not sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
                 raise zmq.Again()
-            sock.send_multipart(protocol.encode(dict(hdr, deliver_at=deliver), [payload]), zmq.NOBLOCK)
+            sock.send_multipart(req.frames(), zmq.NOBLOCK)
         except zmq.ZMQError:
             return self._failed(target, "not connected", layer, payload, assign, tag, exclude)
-        return rid, target, exclude
+        return req.id, target, exclude
 
     def _failed(self, target, reason, layer, payload, assign, tag, exclude):
         self.dead_until[target] = time.time() + self.retry_after_s
@@ -219,31 +225,43 @@ class DeviceClient:
             frames = sock.recv_multipart(copy=False)
             recv_at = time.time()
             try:
-                h, tensors = protocol.decode([f.buffer for f in frames])
+                msg = protocol.parse([f.buffer for f in frames])
             except protocol.ProtocolError:
                 continue
-            if h["id"] != rid:
+            if msg.id != rid:
                 self.late_replies += 1
                 continue
-            if h["op"] == "error":
-                if h.get("fatal") and target == CLOUD:
-                    raise ClusterError(str(h.get("reason"))[:300])
-                if h.get("fatal") and "no live holder" in str(h.get("reason")):
-                    raise ClusterError(str(h.get("reason"))[:300])
-                rid, target, exclude = self._failed(target, str(h.get("reason"))[:200], layer, payload, assign,
+            if isinstance(msg, ErrorReply):
+                if msg.fatal and target == CLOUD:
+                    raise ClusterError(msg.reason[:300])
+                if msg.fatal and "no live holder" in msg.reason:
+                    raise ClusterError(msg.reason[:300])
+                rid, target, exclude = self._failed(target, msg.reason[:200], layer, payload, assign, tag, exclude)
+                continue
+            if not (isinstance(msg, Result) and msg.matches({e: len(rows) for e, rows in assign}, payload.shape[1])):
+                # a reply that does not answer what was asked: the sender counts as failed
+                rid, target, exclude = self._failed(target, "malformed or mismatched reply", layer, payload,
+                                                    assign, tag, exclude)
+                continue
+            if msg.deliver_at is not None and msg.deliver_at > deadline + max(10.0, 10.0 * (deadline - t0)):
+                # an emulated arrival this far past the deadline is no honest reply: a forged one cannot stall us
+                rid, target, exclude = self._failed(target, "reply due far after the deadline", layer, payload, assign,
                                                     tag, exclude)
+                deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
-            if h["op"] != "result" or sorted(h.get("experts", [])) != sorted(e for e, _ in assign):
-                continue
-            deliver = float(h.get("deliver_at") or 0.0)
-            if deliver > time.time():
-                sleep_until(deliver)
+            if msg.deliver_at is not None and msg.deliver_at > time.time():
+                sleep_until(msg.deliver_at)
             self.dead_until.pop(target, None)
-            return h, tensors, recv_at
+            return msg, recv_at
+
+
+def _seconds(v, default: float = 0.0) -> float:
+    """A time from a peer's report, or ``default`` when it is not a finite number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else default
 
 
 def _make_remote_experts_class():
-    import torch
+    import torch  # optional extra (hf)
 
     class _RemoteExperts(torch.nn.Module):
         def __init__(self, layer: int, client: DeviceClient, num_experts: int):
@@ -289,7 +307,6 @@ def _make_remote_experts_class():
 
 def install(model, client: DeviceClient) -> int:
     """Replace every MoE block's experts with the remote version; returns the number replaced."""
-    from slimcaching.hf import find_moe_layers
 
     cls = _make_remote_experts_class()
     blocks = [b for b in find_moe_layers(model) if b[2] == "indices"]
@@ -302,10 +319,7 @@ def install(model, client: DeviceClient) -> int:
 
 def load_device_model(model_dir, layout: Layout, user: str):
     """The model with its dense part (experts replaced later) and the user's local experts."""
-    import torch  # noqa: F401
 
-    from slimcaching.hf import load_model
-    from slimcaching.runtime.weights import expert_source, load_experts
 
     model, config = load_model(str(model_dir))
     source = expert_source(model_dir)
@@ -322,7 +336,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceC
     given, returns when the next step may start (a load generator); the wait is not measured.
     Returns ``{"tokens", "logits", "steps"}`` (steps: prefill first, then one per decoded token).
     """
-    import torch
+    import torch  # optional extra (hf)
 
     enc = tokenizer(prompt, return_tensors="pt")
     steps: list[dict] = []

@@ -20,9 +20,15 @@ import zmq
 
 from slimcaching.errors import ScenarioError
 from slimcaching.runtime import protocol
+from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.node import NodeServer, rss_bytes
+from slimcaching.runtime.weights import load_experts
 
 
 class NodeProcess:
+    """One node as a subprocess (or Ray actor): start, wait for READY, stop."""
+
     def __init__(self, name: str, argv: list[str], log_path: Path):
         self.name = name
         self.argv = argv
@@ -96,13 +102,13 @@ class RayNode:
         self.rss_at_start = 0
 
     def spawn(self, port: int = 0) -> None:
-        import ray
+        import ray  # optional extra (ray)
 
         self.actor = ray.remote(num_cpus=0, max_restarts=0)(_NodeActor).remote()
         self.ref = self.actor.start.remote(self.name, self.host, port, self.kwargs)
 
     def wait_ready(self, timeout: float) -> None:
-        import ray
+        import ray  # optional extra (ray)
 
         try:
             self.host, self.port, self.rss_at_start = ray.get(self.ref, timeout=timeout)
@@ -120,7 +126,7 @@ class RayNode:
         return f"tcp://{self.host}:{self.port}"
 
     def alive(self) -> bool:
-        import ray
+        import ray  # optional extra (ray)
 
         if self.actor is None:
             return False
@@ -130,7 +136,7 @@ class RayNode:
             return False
 
     def kill(self) -> None:
-        import ray
+        import ray  # optional extra (ray)
 
         if self.actor is not None:
             ray.kill(self.actor, no_restart=True)
@@ -144,11 +150,8 @@ class _NodeActor:
     """Ray actor body (plain class; decorated by :class:`RayNode`)."""
 
     def start(self, name: str, host: str, port: int, kw: dict) -> tuple[str, int, int]:
-        import torch
+        import torch  # optional extra (hf)
 
-        from slimcaching.runtime.cluster import load_context
-        from slimcaching.runtime.node import NodeServer, rss_bytes
-        from slimcaching.runtime.weights import load_experts
 
         torch.set_num_threads(1)
         ctx = load_context(kw["scenario"], kw["placement"], kw["model_dir"], kw["model_name"])
@@ -158,7 +161,7 @@ class _NodeActor:
                                  deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
                                  retry_after_s=kw["retry_after_s"])
         if host == "auto":  # the address of the machine this actor landed on
-            import ray
+            import ray  # optional extra (ray)
 
             host = ray.util.get_node_ip_address()
         bound = self.server.bind(host, port)
@@ -174,8 +177,10 @@ class LocalCluster:
     """Context manager: the nodes of a layout as local processes (or Ray actors)."""
 
     def __init__(self, nodes: list[str], scenario: str, placement: str, model_dir: str, model_name: str,
-                 workdir: Path, *, emulate: bool = True, pace: bool = False, deadline_factor: float = 3.0,
-                 deadline_floor_s: float = 0.25, retry_after_s: float = 2.0, start_timeout: float = 120.0,
+                 workdir: Path, *, emulate: bool = True, pace: bool = False,
+                 deadline_factor: float = DEFAULTS.deadline_factor,
+                 deadline_floor_s: float = DEFAULTS.deadline_floor_s,
+                 retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
                  launcher: str = "local", ray_address: str | None = None):
         self.names = nodes
         self.workdir = workdir
@@ -223,15 +228,15 @@ class LocalCluster:
 
     def _init_ray(self, address: str | None) -> str:
         try:
-            import ray
+            import ray  # optional extra (ray)
         except ImportError:
-            raise ScenarioError("--launcher", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
+            raise ScenarioError("launcher", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
         if not ray.is_initialized():
             kw = {"address": address} if address else {"num_cpus": 2, "include_dashboard": False}
             try:
                 ray.init(ignore_reinit_error=True, log_to_driver=False, **kw)
             except ConnectionError as exc:
-                raise ScenarioError("--address", f"cannot join the Ray cluster ({exc})", address) from None
+                raise ScenarioError("address", f"cannot join the Ray cluster ({exc})", address) from None
             self._ray_started = True
         # a local Ray instance: nodes listen on loopback; a real cluster: on each node's address
         return "127.0.0.1" if not address else "auto"
@@ -240,23 +245,27 @@ class LocalCluster:
     def addresses(self) -> dict[str, str]:
         return {n: p.address for n, p in self.nodes.items()}
 
-    def request(self, node: str, op: str, extra: dict | None = None, timeout: float = 5.0) -> dict | None:
+    def request(self, node: str, msg, timeout: float = 5.0) -> dict | None:
+        """Send one typed message (:mod:`protocol`) to ``node``; its pong's status, or None."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         try:
             s.connect(self.nodes[node].address)
-            s.send_multipart(protocol.encode({"op": op, "id": 1, **(extra or {})}))
+            s.send_multipart(msg.frames())
             if not s.poll(int(timeout * 1000)):
                 return None
-            h, _ = protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
-            return h
+            try:
+                reply = protocol.parse([f.buffer for f in s.recv_multipart(copy=False)])
+            except protocol.ProtocolError:
+                return None
+            return reply.status if isinstance(reply, protocol.Pong) else None
         finally:
             s.close(0)
 
     def configure(self, only: list[str] | None = None) -> None:
         addrs = self.addresses
         for n in only or self.names:
-            if self.request(n, "configure", {"addresses": addrs}) is None:
+            if self.request(n, protocol.Configure(1, addrs)) is None:
                 raise ScenarioError(f"node {n}", "did not answer the configure request")
 
     def kill(self, node: str) -> None:
@@ -273,7 +282,7 @@ class LocalCluster:
     def status(self) -> dict[str, dict]:
         out = {}
         for n, p in self.nodes.items():
-            h = self.request(n, "ping", timeout=2.0) if p.alive() else None
+            h = self.request(n, protocol.Ping(1), timeout=2.0) if p.alive() else None
             out[n] = ({"alive": True, "rss_bytes": h.get("rss_bytes"), "held": len(h.get("held", [])),
                        "stats": h.get("stats")} if h else {"alive": False})
         return out
@@ -282,13 +291,13 @@ class LocalCluster:
         for p in self.nodes.values():
             if p.alive():
                 try:
-                    self.request(p.name, "shutdown", timeout=0.5)
+                    self.request(p.name, protocol.Shutdown(1), timeout=0.5)
                 except zmq.ZMQError:
                     pass
         for p in self.nodes.values():
             p.stop()
         if self._ray_started:
-            import ray
+            import ray  # optional extra (ray)
 
             ray.shutdown()
             self._ray_started = False

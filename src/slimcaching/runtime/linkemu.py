@@ -5,7 +5,7 @@ message: it departs when the link is free (``depart = max(now, free_at)``; a bus
 occupies it for its serialisation time (``free_at = depart + 8 * bytes / rate``) and arrives one
 propagation delay later (``deliver_at = free_at + delay``). The receiver holds the message until
 ``deliver_at`` (:func:`sleep_until`). A multi-hop path is store-and-forward: each hop starts when
-the previous one delivered. One-way costs then add up to SPEC's ``w = 8d/rate + rtt/2`` per hop.
+the previous one delivered. One-way costs then add up to the model's ``w = 8d/rate + rtt/2`` per hop.
 
 Clocks: ``deliver_at`` is wall-clock time (``time.time()``), shared by every process on one host;
 across hosts it needs synchronised clocks (or ``--no-emulate``).

@@ -10,22 +10,30 @@ Nothing from the network is ever unpickled: headers are msgpack with size limits
 read with ``numpy.frombuffer`` for a dtype from a fixed allow-list. :func:`decode` raises
 :class:`ProtocolError` (with the reason) on anything malformed; nodes log it and keep serving.
 
-Operations (fields beyond v/op/id):
+Operations: one typed message class each (below), with ``frames()`` to send it and
+``from_message(header, tensors)`` to read it back, which checks every field's type and range
+(layout-specific checks -- layer, expert and row ranges, hops of the scenario -- are
+:meth:`RunRequest.check`'s):
 
-=========  ===================================================================================
-run        device or relay -> node. ``model``, ``layer``, ``assign`` [[expert, [row, ...]], ...],
-           ``user``, ``deliver_at`` (emulated arrival time, s since the epoch, or absent),
-           one tensor: the hidden states (n, h). A home server relays experts it does not hold.
-result     reply to ``run``: ``experts`` [e, ...] in the order of the tensors (one per expert,
-           its rows' outputs before gate weighting), ``route`` {expert: holder}, ``timing``.
-error      reply: ``reason`` (one line), ``fatal`` (true if retrying elsewhere cannot help).
-ping/pong  liveness; pong carries ``name``, ``held`` (experts held), ``rss_bytes``, ``stats``.
-configure  launcher -> node: ``addresses`` {node: "tcp://host:port"} of the other nodes.
-shutdown   launcher -> node: stop serving and exit.
-=========  ===================================================================================
+=============  ===================================================================================
+RunRequest     ``run``, device or relay -> node: ``model``, ``layer``, ``assign`` [[expert, [row, ...]],
+               ...], ``relay`` (may the node forward experts it does not hold), ``reply_user`` and
+               ``reply_hops`` (the links the reply crosses), ``dtype_tag`` (``bfloat16`` when uint16
+               carries bf16), ``deliver_at`` (emulated arrival, s since the epoch), one tensor (n, h).
+Result         ``result``, the reply: ``experts`` in the order of the tensors (each its rows' outputs
+               before gate weighting), ``route`` {expert: holder}, ``node``, ``timing``, ``fallbacks``.
+ErrorReply     ``error``: ``reason`` (one line), ``fatal`` (true if retrying elsewhere cannot help).
+Ping / Pong    liveness; a pong carries ``name``, ``held``, ``rss_bytes``, ``stats``.
+Configure      ``configure``, launcher -> node: ``addresses`` {node: "tcp://host:port"} of the others.
+Shutdown       ``shutdown``, launcher -> node: stop serving and exit.
+=============  ===================================================================================
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -102,3 +110,265 @@ def _no_ext(code, data):
 def message_bytes(frames: list) -> int:
     """Bytes a message puts on the wire (frames' payloads), what link emulation charges."""
     return sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed messages
+
+MAX_DELIVER_AHEAD_S = 3600.0  # an emulated arrival further in the future than this is refused
+DTYPE_TAGS = (None, "bfloat16")
+
+
+def _int(h: dict, key: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    v = h.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ProtocolError(f"{key}: expected an integer in {lo}..{hi}")
+    return v
+
+
+def _str(h: dict, key: str, optional: bool = False, max_len: int = 256) -> str | None:
+    v = h.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str) or len(v) > max_len:
+        raise ProtocolError(f"{key}: expected text of at most {max_len} characters")
+    return v
+
+
+def _time(h: dict, key: str) -> float | None:
+    v = h.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise ProtocolError(f"{key}: expected a finite time in seconds")
+    return float(v)
+
+
+@dataclass
+class RunRequest:
+    """Run (and, with ``relay``, forward) the experts of one MoE layer for the rows of ``x``."""
+
+    id: int
+    model: str
+    layer: int
+    assign: list[tuple[int, list[int]]]
+    x: np.ndarray
+    relay: bool = True
+    reply_user: str | None = None
+    reply_hops: list[tuple[str, str]] = field(default_factory=list)
+    dtype_tag: str | None = None
+    deliver_at: float | None = None
+    op = "run"
+
+    def header(self) -> dict:
+        h = {"op": "run", "id": self.id, "model": self.model, "layer": self.layer,
+             "assign": [[e, list(rows)] for e, rows in self.assign], "relay": self.relay,
+             "reply_user": self.reply_user, "reply_hops": [list(hp) for hp in self.reply_hops],
+             "dtype_tag": self.dtype_tag}
+        if self.deliver_at is not None:
+            h["deliver_at"] = self.deliver_at
+        return h
+
+    def frames(self) -> list:
+        return encode(self.header(), [self.x])
+
+    @classmethod
+    def from_message(cls, h: dict, tensors: list[np.ndarray]) -> RunRequest:
+        rid = _int(h, "id")
+        model = _str(h, "model")
+        layer = _int(h, "layer", 0, 1 << 20)
+        if len(tensors) != 1 or tensors[0].ndim != 2:
+            raise ProtocolError("run: expected one 2-D hidden-state tensor")
+        assign = h.get("assign")
+        if not isinstance(assign, list) or not assign:
+            raise ProtocolError("run: assign must be a non-empty list of [expert, [rows]]")
+        out = []
+        for item in assign:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                    and not isinstance(item[0], bool) and isinstance(item[1], list)):
+                raise ProtocolError("run: assign entries must be [expert, [rows]]")
+            out.append((item[0], item[1]))
+        relay = h.get("relay", True)
+        if not isinstance(relay, bool):
+            raise ProtocolError("run: relay must be true or false")
+        user = _str(h, "reply_user", optional=True)
+        hops = h.get("reply_hops") or []
+        if not isinstance(hops, list) or not all(isinstance(p, list) and len(p) == 2
+                                                 and all(isinstance(n, str) for n in p) for p in hops):
+            raise ProtocolError("run: reply_hops must be a list of [node, node]")
+        tag = h.get("dtype_tag")
+        if tag not in DTYPE_TAGS:
+            raise ProtocolError("run: dtype_tag must be absent or 'bfloat16'")
+        if tag == "bfloat16" and tensors[0].dtype != np.uint16:
+            raise ProtocolError("run: dtype_tag bfloat16 needs uint16 data")
+        return cls(rid, model, layer, out, tensors[0], relay, user, [tuple(p) for p in hops], tag,
+                   _time(h, "deliver_at"))
+
+    def check(self, layout, node: str) -> str | None:
+        """Why ``node`` of ``layout`` cannot serve this request (None if it can)."""
+        if self.model != layout.model:
+            return f"run: model {self.model[:40]!r} is not served here ({layout.model!r})"
+        if not 0 <= self.layer < layout.layers:
+            return f"run: layer {self.layer} out of range 0..{layout.layers - 1}"
+        n = self.x.shape[0]
+        seen = set()
+        for e, rows in self.assign:
+            if not 0 <= e < layout.experts or e in seen:
+                return f"run: expert {e} out of range or repeated"
+            seen.add(e)
+            if not rows or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < n for r in rows):
+                return f"run: rows of expert {e} out of range 0..{n - 1}"
+        if self.reply_user is not None and self.reply_user not in layout.access:
+            return f"run: unknown user {self.reply_user[:40]!r}"
+        if not all(tuple(p) in layout.hop for p in self.reply_hops):
+            return "run: reply_hops must be hops of the scenario"
+        if not self.relay:
+            missing = [e for e, _ in self.assign if (self.layer, e) not in layout.held[node]]
+            if missing:
+                return f"run: experts {missing} of layer {self.layer} are not held here"
+        return None
+
+    def rows_of(self, expert: int) -> list[int]:
+        for e, rows in self.assign:
+            if e == expert:
+                return rows
+        return []
+
+
+@dataclass
+class Result:
+    """The outputs of a :class:`RunRequest`: one tensor per expert, in ``experts`` order."""
+
+    id: int
+    experts: list[int]
+    tensors: list[np.ndarray]
+    route: dict[str, str] = field(default_factory=dict)
+    node: str | None = None
+    timing: dict = field(default_factory=dict)
+    fallbacks: list = field(default_factory=list)
+    deliver_at: float | None = None
+    op = "result"
+
+    def header(self) -> dict:
+        h = {"op": "result", "id": self.id, "experts": list(self.experts), "route": self.route, "node": self.node,
+             "timing": self.timing, "fallbacks": self.fallbacks}
+        if self.deliver_at is not None:
+            h["deliver_at"] = self.deliver_at
+        return h
+
+    def frames(self) -> list:
+        return encode(self.header(), self.tensors)
+
+    @classmethod
+    def from_message(cls, h: dict, tensors: list[np.ndarray]) -> Result:
+        experts = h.get("experts")
+        if not isinstance(experts, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in experts):
+            raise ProtocolError("result: experts must be a list of integers")
+        if len(experts) != len(tensors):
+            raise ProtocolError(f"result: {len(experts)} experts but {len(tensors)} tensors")
+        route = h.get("route") or {}
+        timing = h.get("timing") or {}
+        fallbacks = h.get("fallbacks") or []
+        if not isinstance(route, dict) or not isinstance(timing, dict) or not isinstance(fallbacks, list):
+            raise ProtocolError("result: route and timing must be maps, fallbacks a list")
+        return cls(_int(h, "id"), experts, list(tensors), route, _str(h, "node", optional=True), timing, fallbacks,
+                   _time(h, "deliver_at"))
+
+    def matches(self, rows: dict[int, int], hidden: int) -> bool:
+        """Exactly the experts asked for (``rows``: expert -> rows asked), each with that many
+        outputs of width ``hidden``."""
+        if sorted(self.experts) != sorted(rows):
+            return False
+        return all(t.ndim == 2 and t.shape[0] == rows[e] and t.shape[1] == hidden
+                   for e, t in zip(self.experts, self.tensors))
+
+
+@dataclass
+class ErrorReply:
+    """``error``: a request could not be served (``fatal``: nowhere else either)."""
+
+    id: int
+    reason: str
+    fatal: bool = True
+    op = "error"
+
+    def frames(self) -> list:
+        return encode({"op": "error", "id": self.id, "reason": self.reason, "fatal": self.fatal})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> ErrorReply:
+        return cls(_int(h, "id"), str(h.get("reason"))[:300], bool(h.get("fatal", True)))
+
+
+@dataclass
+class Ping:
+    """``ping``: is the node alive?"""
+
+    id: int
+    op = "ping"
+
+    def frames(self) -> list:
+        return encode({"op": "ping", "id": self.id})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> Ping:
+        return cls(_int(h, "id"))
+
+
+@dataclass
+class Pong:
+    """``pong``: the node's status (name, experts held, RSS, stats)."""
+
+    id: int
+    status: dict
+    op = "pong"
+
+    def frames(self) -> list:
+        return encode({"op": "pong", "id": self.id, **self.status})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> Pong:
+        return cls(_int(h, "id"), {k: v for k, v in h.items() if k not in ("op", "id", "v", "tensors")})
+
+
+@dataclass
+class Configure:
+    """``configure``: the addresses of the other nodes."""
+
+    id: int
+    addresses: dict[str, str]
+    op = "configure"
+
+    def frames(self) -> list:
+        return encode({"op": "configure", "id": self.id, "addresses": self.addresses})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> Configure:
+        addrs = h.get("addresses")
+        if not isinstance(addrs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in addrs.items()):
+            raise ProtocolError("configure: addresses must map node names to tcp:// addresses")
+        return cls(_int(h, "id"), addrs)
+
+
+@dataclass
+class Shutdown:
+    """``shutdown``: stop serving and exit."""
+
+    id: int
+    op = "shutdown"
+
+    def frames(self) -> list:
+        return encode({"op": "shutdown", "id": self.id})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> Shutdown:
+        return cls(_int(h, "id"))
+
+
+MESSAGES: dict[str, Any] = {c.op: c for c in (RunRequest, Result, ErrorReply, Ping, Pong, Configure, Shutdown)}
+
+
+def parse(frames: list):
+    """Frames -> one typed message; :class:`ProtocolError` with the reason on anything malformed."""
+    h, tensors = decode(frames)
+    return MESSAGES[h["op"]].from_message(h, tensors)

@@ -1,7 +1,7 @@
 """Cluster layout: who holds which expert, what each hop costs, where a home server relays.
 
 Built identically by the launcher, every node and every device from (scenario, placement, model
-name), so no routing state travels on the network. Costs are SPEC section 3's, for the model's
+name), so no routing state travels on the network. Costs are docs/model.md §latency's, for the model's
 ``hidden_bytes``: a home server h sends expert e to the holder with the least
 ``c_{h,n} + t_n`` (the cloud: ``c_{h,cloud} + t_cloud``) -- exactly the holder ``r_e`` picks.
 Candidates are kept sorted, so a failed holder falls back to the next one, the cloud last.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from slimcaching.errors import ScenarioError
-from slimcaching.problem import exec_time
+from slimcaching.latency import access_time, backhaul_time, exec_time, relay_graph
 from slimcaching.scenario import Scenario
 
 CLOUD = "cloud"
@@ -23,6 +23,8 @@ INF = float("inf")
 
 @dataclass
 class Layout:
+    """Who holds which expert, hop costs and routes of one model (see the module docstring)."""
+
     model: str
     layers: int
     experts: int
@@ -65,13 +67,11 @@ class Layout:
         return exec_time(self.expert_flops * max(tokens, 1), self.expert_bytes, flops, bw)
 
     def access_s(self, user: str) -> float:
-        """a_u of SPEC section 3 for this model."""
-        up, down, rtt = self.access[user]
-        bits = 8.0 * self.hidden_bytes
-        return bits / up + bits / down + rtt
+        """a_u of docs/model.md §latency for this model."""
+        return access_time(8.0 * self.hidden_bytes, *self.access[user])
 
     def predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
-        """T_l(S) of SPEC section 3 for the set the token actually used."""
+        """T_l(S) of docs/model.md §latency for the set the token actually used."""
         local = self.local[user]
         home = self.homes[user]
         t_local = self.user_exec_s[user] if any((layer, e) in local for e in experts) else 0.0
@@ -86,7 +86,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
     """Layout for ``model`` from a resolved scenario (local caches resolved) and the placement's
     ``edge`` mapping (server -> [[model, layer, expert], ...])."""
     if model not in sc.model_by_name:
-        raise ScenarioError("--model-name", "not a model of the scenario", model)
+        raise ScenarioError("model_name", "not a model of the scenario", model)
     m = sc.model_by_name[model]
     bits = 8.0 * m.hidden_bytes
     names = [s.name for s in sc.servers]
@@ -99,14 +99,10 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
     held[CLOUD] = {(la, e) for la in range(m.layers) for e in range(m.experts)}
     exec_s = {s.name: exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth) for s in sc.servers}
     exec_s[CLOUD] = exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
-    g = nx.Graph()
-    g.add_nodes_from(names)
+    g = relay_graph(names, [(ln.a, ln.b, ln.rate_bps, ln.rtt_s) for ln in sc.server_links], bits)
     hop: dict[tuple[str, str], tuple[float, float]] = {}
-    for ln in sc.server_links:
-        w = bits / ln.rate_bps + ln.rtt_s / 2.0
-        if not g.has_edge(ln.a, ln.b) or g[ln.a][ln.b]["w"] > w:
-            g.add_edge(ln.a, ln.b, w=w)
-            hop[(ln.a, ln.b)] = hop[(ln.b, ln.a)] = (ln.rate_bps, ln.rtt_s / 2.0)
+    for a, b, link in g.edges(data="link"):
+        hop[(a, b)] = hop[(b, a)] = link
     relay: dict[tuple[str, str], float] = {}
     paths: dict[tuple[str, str], list] = {}
     for src, (dist, path) in nx.all_pairs_dijkstra(g, weight="w"):
@@ -115,7 +111,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
             p = path[dst]
             paths[(src, dst)] = list(zip(p[:-1], p[1:]))
     for s in sc.servers:
-        relay[(s.name, CLOUD)] = 2.0 * bits / s.cloud_rate_bps + s.cloud_rtt_s
+        relay[(s.name, CLOUD)] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s)
         paths[(s.name, CLOUD)] = [(s.name, CLOUD)]
         hop[(s.name, CLOUD)] = hop[(CLOUD, s.name)] = (s.cloud_rate_bps, s.cloud_rtt_s / 2.0)
     relay[(CLOUD, CLOUD)] = 0.0
@@ -137,4 +133,5 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The hops of ``path`` walked back."""
     return [(b, a) for a, b in reversed(path)]

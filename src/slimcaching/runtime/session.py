@@ -3,7 +3,7 @@ every decoded token measured and compared with the latency model, the output com
 monolithic model.
 
 Per decoded token the JSON has the measured seconds (the forward step, dense part padded to the
-model with ``--pace``), the predicted seconds (SPEC section 3 for the sets that token actually
+model with ``--pace``), the predicted seconds (docs/model.md §latency for the sets that token actually
 used: ``exec_u(dense) + sum_l T_l(S_l)``) and the route of every layer, plus a breakdown of the
 measured time: device compute, pacing, access links, relays, remote compute, queueing at nodes,
 serialisation, and what is left (software overhead).
@@ -11,6 +11,8 @@ serialisation, and what is left (software overhead).
 
 from __future__ import annotations
 
+import copy
+import gc
 import math
 import multiprocessing as mp
 import statistics
@@ -22,7 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
-from slimcaching.problem import exec_time
+from slimcaching.hf import load_model
+from slimcaching.latency import exec_time
+from slimcaching.problem import build_problem
+from slimcaching.queueing import simulate_queueing
+from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.config import DEFAULTS
+from slimcaching.scenario import WorkloadEntry
 
 BREAKDOWN = ("device_compute_s", "pace_pad_s", "access_s", "relay_s", "remote_compute_s", "queue_s",
              "serialise_s", "overhead_s")
@@ -30,6 +38,8 @@ BREAKDOWN = ("device_compute_s", "pace_pad_s", "access_s", "relay_s", "remote_co
 
 @dataclass
 class RunOptions:
+    """Everything one ``cluster run`` needs."""
+
     scenario: str
     placement: str
     model_dir: str
@@ -42,10 +52,10 @@ class RunOptions:
     reference: bool = True
     kills: list[tuple[str, int]] = field(default_factory=list)
     restarts: list[tuple[str, int]] = field(default_factory=list)
-    deadline_factor: float = 3.0
-    deadline_floor_s: float = 0.25
-    retry_after_s: float = 2.0
-    start_timeout_s: float = 120.0
+    deadline_factor: float = DEFAULTS.deadline_factor
+    deadline_floor_s: float = DEFAULTS.deadline_floor_s
+    retry_after_s: float = DEFAULTS.retry_after_s
+    start_timeout_s: float = DEFAULTS.start_timeout_s
     launcher: str = "local"
     ray_address: str | None = None
     rate: float | None = None  # tokens/s per user (Poisson arrivals); None: back to back
@@ -53,6 +63,7 @@ class RunOptions:
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
+    """``NODE@TOKEN`` items (``--kill``/``--restart``) as (node, token) pairs."""
     out = []
     for item in items or []:
         node, sep, tok = item.partition("@")
@@ -67,10 +78,15 @@ def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[t
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
                    counter=None, between_tokens=None) -> dict:
     """One user's device: load the dense part and local experts, generate every prompt."""
-    import torch
-    from transformers import AutoTokenizer
+    import torch  # optional extra (hf)
+    from transformers import AutoTokenizer  # optional extra (hf)
 
-    from slimcaching.runtime.device import DeviceClient, generate, install, load_device_model
+    from slimcaching.runtime.device import (  # optional extra (runtime: pyzmq)
+        DeviceClient,
+        generate,
+        install,
+        load_device_model,
+    )
 
     # one intra-op thread: a pool that sleeps between layers wakes up in milliseconds (measured: 1.5 ms
     # per index_add_ on a 2-core machine), far more than a decoded token's work here
@@ -82,10 +98,9 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
                           deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
                           retry_after_s=opts.retry_after_s)
     install(model, client)
-    import gc
 
     gc.collect()
-    from slimcaching.runtime.node import rss_bytes
+    from slimcaching.runtime.node import rss_bytes  # optional extra (runtime: pyzmq)
 
     m = ctx.scenario.model_by_name[lay.model]
     flops, bw = lay.user_hw[user]
@@ -145,7 +160,6 @@ def _init_worker(counter) -> None:
 def _worker(args) -> dict:
     scenario, placement, model_dir, model_name, user, prompts, addresses, opts, slot = args
     counter = (_COUNTER, slot)
-    from slimcaching.runtime.cluster import load_context
 
     try:
         ctx = load_context(scenario, placement, model_dir, model_name)
@@ -187,9 +201,8 @@ def _token_rows(session: dict) -> list[dict]:
 
 def run_cluster(opts: RunOptions, progress=None) -> dict:
     """Start the nodes, run the devices (several users concurrently), compare, stop everything."""
-    from slimcaching.runtime.cluster import load_context
-    from slimcaching.runtime.device import ClusterError
-    from slimcaching.runtime.launch import Chaos, LocalCluster
+    from slimcaching.runtime.device import ClusterError  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.launch import Chaos, LocalCluster  # optional extra (runtime: pyzmq)
 
     say = progress or (lambda msg: None)
     ctx = load_context(opts.scenario, opts.placement, opts.model_dir, opts.model_name)
@@ -198,9 +211,9 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     for u in users:
         if u not in lay.homes:
             names = [x.name for x in ctx.scenario.users]
-            raise ScenarioError("--users", f"unknown user (e.g. {', '.join(names[:5])})", u)
+            raise ScenarioError("users", f"unknown user (e.g. {', '.join(names[:5])})", u)
     if not opts.prompts:
-        raise ScenarioError("--prompts", "no prompts")
+        raise ScenarioError("prompts", "no prompts")
     kills = list(opts.kills)
     if any(n == "cloud" for n, _ in kills):
         say("note: killing the cloud leaves experts that no edge server holds without any copy")
@@ -241,7 +254,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             if chaos.is_alive():
                 chaos.join(5)
         if chaos.error is not None:
-            raise ScenarioError("--kill/--restart", f"could not act on a node ({chaos.error})")
+            raise ScenarioError("kill/restart", f"could not act on a node ({chaos.error})")
         for s in sessions:
             if "error" in s:
                 raise ScenarioError(f"device {s['user']}", s["error"])
@@ -251,7 +264,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             st["experts_held"] = len(lay.held[n])
         events = cluster.events
     wall = time.time() - t_start
-    report = _report(ctx, opts, users, sessions, reference, nodes, events, wall)
+    report = run_report(ctx, opts, users, sessions, reference, nodes, events, wall)
     if opts.rate:
         report["load"] = load_comparison(ctx, opts, users, sessions, report)
     return report
@@ -259,11 +272,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
 
 def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict], report: dict) -> dict:
     """Measured queueing against ``simulate --queueing`` for the same users at the rate achieved."""
-    import copy
 
-    from slimcaching.problem import build_problem
-    from slimcaching.queueing import simulate_queueing
-    from slimcaching.scenario import WorkloadEntry
 
     achieved = {}
     for s in sessions:
@@ -301,10 +310,9 @@ def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict
 
 
 def _reference(ctx, opts: RunOptions) -> list[dict]:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # optional extra (hf)
 
-    from slimcaching.hf import load_model
-    from slimcaching.runtime.device import generate
+    from slimcaching.runtime.device import generate  # optional extra (runtime: pyzmq)
 
     model, _ = load_model(str(ctx.model_dir))
     tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
@@ -317,7 +325,8 @@ def _reference(ctx, opts: RunOptions) -> list[dict]:
     return out
 
 
-def _report(ctx, opts, users, sessions, reference, nodes, events, wall) -> dict:
+def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> dict:
+    """The run's report: per-token measured and predicted times, breakdowns, nodes, failures."""
     rows = [r for s in sessions for r in _token_rows(s)]
     measured = [r["measured_s"] for r in rows]
     predicted = [r["predicted_s"] for r in rows if r["predicted_s"] is not None]

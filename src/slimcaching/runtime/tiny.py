@@ -16,9 +16,10 @@ FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "deepseek_v3")
 
 def build_tiny_model(directory: str | Path, family: str = "mixtral", *, hidden: int = 64, intermediate: int = 128,
                      layers: int = 2, experts: int = 8, top_k: int = 2, vocab: int = 256, seed: int = 0) -> Path:
-    import torch
-    import transformers as T
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """Write a tiny random MoE checkpoint of ``family`` into ``directory`` (tests, demos)."""
+    import torch  # optional extra (hf)
+    import transformers as T  # optional extra (hf)
+    from tokenizers import Tokenizer, models, pre_tokenizers  # optional extra (hf)
 
     common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
@@ -56,6 +57,7 @@ def build_tiny_model(directory: str | Path, family: str = "mixtral", *, hidden: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m slimcaching.runtime.tiny DIR``: write the tiny demo model."""
     ap = argparse.ArgumentParser(prog="python -m slimcaching.runtime.tiny", description=__doc__.splitlines()[0])
     ap.add_argument("directory")
     ap.add_argument("--family", default="mixtral", choices=FAMILIES)

@@ -17,10 +17,12 @@ transposed weights, clamped SwiGLU); :func:`run_expert` calls it with weight 1, 
 from __future__ import annotations
 
 import copy
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 from slimcaching.errors import ScenarioError
+from slimcaching.hf import find_moe_layers
 from slimcaching.model_dir import expert_blocks, read_checkpoint
 
 _EXPERT_COUNT_ATTRS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -42,8 +44,8 @@ class ExpertSource:
 
     def load(self, layer: int, expert: int):
         """A one-expert module holding expert ``expert`` of MoE layer ``layer``."""
-        import torch
-        from safetensors import safe_open
+        import torch  # optional extra (hf)
+        from safetensors import safe_open  # optional extra (hf)
 
         if not (0 <= layer < len(self.blocks)) or not (0 <= expert < self.num_experts):
             raise ScenarioError("placement", "the model has no such expert (layer, expert)", [layer, expert])
@@ -112,10 +114,9 @@ class ExpertSource:
 
 def expert_source(directory: str | Path) -> ExpertSource:
     """Inspect a model directory: checkpoint layout plus the experts class (built on 'meta')."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # optional extra (hf)
+    from transformers import AutoConfig, AutoModelForCausalLM  # optional extra (hf)
 
-    from slimcaching.hf import find_moe_layers
 
     directory = Path(directory)
     config, tensors = read_checkpoint(directory)
@@ -123,21 +124,21 @@ def expert_source(directory: str | Path) -> ExpertSource:
     try:
         cfg = AutoConfig.from_pretrained(str(directory))
     except (OSError, ValueError) as exc:
-        raise ScenarioError("--model", f"cannot read the config ({str(exc).splitlines()[0][:100]})",
+        raise ScenarioError("model", f"cannot read the config ({str(exc).splitlines()[0][:100]})",
                             str(directory)) from None
     if getattr(cfg, "is_encoder_decoder", False):
-        raise ScenarioError("--model", "encoder-decoder models are not supported by the runtime",
+        raise ScenarioError("model", "encoder-decoder models are not supported by the runtime",
                             getattr(cfg, "model_type", ""))
     with torch.device("meta"):
         try:
             skeleton = AutoModelForCausalLM.from_config(cfg)
         except ValueError:
-            from transformers import AutoModelForImageTextToText
+            from transformers import AutoModelForImageTextToText  # optional extra (hf)
 
             skeleton = AutoModelForImageTextToText.from_config(cfg)
     moe = [b for b in find_moe_layers(skeleton) if b[2] == "indices"]
     if len(moe) != len(blocks):
-        raise ScenarioError("--model", f"{len(moe)} MoE blocks in the model but {len(blocks)} in the checkpoint",
+        raise ScenarioError("model", f"{len(moe)} MoE blocks in the model but {len(blocks)} in the checkpoint",
                             str(directory))
     experts = moe[0][1].experts
     num = next(getattr(experts.config, a) for a in _EXPERT_COUNT_ATTRS if hasattr(experts.config, a))
@@ -149,8 +150,6 @@ def load_experts(source: ExpertSource, keys) -> dict:
     (glibc keeps freed heap otherwise: measured 4.0 instead of 3.0 MiB resident per 3 MiB expert)."""
     out = {key: source.load(*key) for key in sorted(keys)}
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
@@ -159,7 +158,7 @@ def load_experts(source: ExpertSource, keys) -> dict:
 
 def run_expert(module, x):
     """Output of a one-expert module for rows ``x`` (n, h), before gate weighting."""
-    import torch
+    import torch  # optional extra (hf)
 
     n = x.shape[0]
     idx = torch.zeros((n, 1), dtype=torch.long)

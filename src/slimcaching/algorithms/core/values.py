@@ -1,182 +1,18 @@
-"""Per-group value tables and knapsack combination, shared by ``slimcaching`` and its variants.
+"""Value tables V_g(k) of a group: exact by Moebius/zeta transform, or greedy / beam approximations.
 
-A *group* is one (model, layer): all its experts have the same size and the objective is a sum
-over groups, so a cache node's subproblem is a knapsack in which group g offers "k of my experts"
-with value V_g(k) = the largest latency reduction any k of its experts give (other caches fixed).
-
-Each affected row (a co-activation set of one user class) depends only on which of its <= K
-candidate experts are chosen, so it is summarised by a table over the 2^K patterns of its
-positions; rows whose candidate experts coincide are summed. The value of any subset Y of the
-group's candidate experts is then a gather-and-sum over those tables, which we evaluate for many
-subsets at once: all 2^E' of them when that is affordable (exact), otherwise along a beam search
-whose moves add one expert or complete a co-activation set (labelled an approximation).
+The value of any subset Y of the group's candidate experts is a gather-and-sum over the group's
+tables, evaluated for many subsets at once: all 2^E' of them when that is affordable (exact),
+otherwise along a beam search whose moves add one expert or complete a co-activation set
+(labelled an approximation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
 
 import numpy as np
 
-
-def pattern_bits(k: int) -> np.ndarray:
-    """[2^k, k] bool: bit j of pattern q."""
-    q = np.arange(2**k)
-    return ((q[:, None] >> np.arange(k)[None, :]) & 1).astype(bool)
-
-
-@dataclass
-class GroupProblem:
-    """Tables of one group: ``keys`` [T, K] candidate index per position (-1: not a candidate),
-    ``gains`` [T, 2^K] summed latency reduction for each pattern, ``experts`` the candidate item
-    ids (candidate index -> global item)."""
-
-    experts: np.ndarray
-    keys: np.ndarray
-    gains: np.ndarray
-
-    @property
-    def n_candidates(self) -> int:
-        return len(self.experts)
-
-    def values(self, masks: np.ndarray) -> np.ndarray:
-        """Reduction for each subset in ``masks`` [B, E'] (bool) of candidate experts."""
-        b = masks.shape[0]
-        ext = np.zeros((b, self.n_candidates + 1), dtype=np.int64)
-        ext[:, :-1] = masks
-        k = self.keys.shape[1]
-        pat = np.zeros((b, len(self.keys)), dtype=np.int64)
-        for j in range(k):
-            pat |= ext[:, self.keys[:, j]] << j
-        return self.gains[np.arange(len(self.keys))[None, :], pat].sum(axis=1)
-
-
-def build_group(items: np.ndarray, cand: np.ndarray, tables: np.ndarray) -> GroupProblem:
-    """``items`` [R, K] global item ids, ``cand`` [R, K] bool candidate positions,
-    ``tables`` [R, 2^K] gains per pattern (already weighted)."""
-    experts = np.unique(items[cand])
-    pos = np.searchsorted(experts, items)
-    keys = np.where(cand, pos, -1)
-    if len(experts) < 255 and keys.shape[1] <= 8:  # one uint64 per key: a fast 1-d unique
-        code = ((keys + 1).astype(np.uint64) << (np.arange(keys.shape[1], dtype=np.uint64) * 8)).sum(
-            axis=1, dtype=np.uint64)
-        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-        uniq = keys[first]
-    else:
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    npat = tables.shape[1]
-    flat = (inv.ravel()[:, None] * npat + np.arange(npat)[None, :]).ravel()
-    gains = np.bincount(flat, weights=tables.ravel(), minlength=len(uniq) * npat).reshape(len(uniq), npat)
-    # the sentinel index -1 must address the always-False column E'
-    uniq = np.where(uniq < 0, len(experts), uniq)
-    return GroupProblem(experts, uniq, gains)
-
-
-def prefix_form(pos: np.ndarray, cand: np.ndarray, rc: np.ndarray, v: np.ndarray, local: np.ndarray,
-                access: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's value as a sum over the K prefixes of its candidates sorted by remote cost.
-
-    A row's latency is max(local, access + worst) where worst is the largest remote cost of its
-    experts not brought to cost ``v`` by the cache. Caching a candidate helps only once every
-    costlier candidate is cached too, so the row's reduction depends on a subset P of its
-    candidates only through the longest prefix of the cost-sorted candidates P contains: it is a
-    staircase g(level(P)), and its Moebius transform is g(l) - g(l-1) on the l-th prefix and zero
-    elsewhere. Returns ``masks`` [R, K] (int64 bit mask over candidate indices ``pos`` of the
-    l-th prefix) and ``coefs`` [R, K] (the increments, weighted; zero beyond a row's candidates).
-    O(R K log K) instead of the O(R 2^K K) of pattern tables.
-
-    ``pos`` [R, K] candidate index per position (any value where ``cand`` is False), ``cand`` [R, K]
-    positions the cache can improve (rc > v), ``rc`` [R, K] current remote costs (-inf at absent
-    positions), ``v`` [R] cost via this server."""
-    r, k = cand.shape
-    key = np.where(cand, rc, -np.inf)
-    order = np.argsort(-key, axis=1, kind="stable")
-    srt = np.take_along_axis(key, order, axis=1)
-    rest = np.where(cand, -np.inf, rc).max(axis=1) if k else np.full(r, -np.inf)  # positions the cache cannot improve
-    worst = np.empty((r, k + 1))
-    worst[:, :k] = srt
-    worst[:, k] = -np.inf
-    np.maximum(worst, rest[:, None], out=worst)
-    np.maximum(worst[:, 1:], v[:, None], out=worst[:, 1:])
-    lat = np.maximum(local[:, None], access[:, None] + worst)
-    coefs = (lat[:, :-1] - lat[:, 1:]) * w[:, None]
-    sorted_cand = np.take_along_axis(cand, order, axis=1)
-    bit = np.where(sorted_cand, np.left_shift(1, np.where(sorted_cand, np.take_along_axis(pos, order, axis=1), 0)), 0)
-    return np.cumsum(bit.astype(np.int64), axis=1), np.where(sorted_cand, coefs, 0.0)
-
-
-@dataclass
-class PrefixGroup:
-    """A group in prefix form (:func:`prefix_form`): ``masks`` [R, K] bit masks over the candidate
-    indices and ``coefs`` [R, K] their Moebius coefficients; ``experts`` the candidate item ids.
-    For at most :data:`MAX_ZETA_CANDIDATES` candidates (the masks are int64)."""
-
-    experts: np.ndarray
-    masks: np.ndarray
-    coefs: np.ndarray
-
-    @property
-    def n_candidates(self) -> int:
-        return len(self.experts)
-
-    def values(self, masks: np.ndarray) -> np.ndarray:
-        y = (np.asarray(masks, np.int64) << np.arange(self.n_candidates)).sum(axis=1)
-        inside = (self.masks[None, :, :] & ~y[:, None, None]) == 0
-        return (inside * self.coefs[None, :, :]).sum(axis=(1, 2))
-
-    def as_patterns(self) -> GroupProblem:
-        """The same group as pattern tables (for the approximations that need them)."""
-        k = self.masks.shape[1]
-        prev = np.concatenate([np.zeros((len(self.masks), 1), np.int64), self.masks[:, :-1]], axis=1)
-        newbit = self.masks ^ prev
-        cand = newbit != 0
-        idx = np.where(cand, np.log2(np.where(cand, newbit, 1)).round().astype(np.int64), 0)
-        items = np.where(cand, self.experts[idx] if len(self.experts) else 0, -1)
-        # pattern q over the sorted positions: its level is the number of trailing ones
-        q = np.arange(2**k)
-        level = np.zeros(2**k, np.int64)
-        for j in range(k):
-            level += np.all(((q[:, None] >> np.arange(j + 1)) & 1) == 1, axis=1)
-        cum = np.concatenate([np.zeros((len(self.coefs), 1)), np.cumsum(self.coefs, axis=1)], axis=1)
-        tables = cum[:, level]
-        # non-candidate positions are never set: their patterns are irrelevant but kept consistent
-        return build_group(np.where(cand, items, self.experts.max(initial=0) + 1), cand, tables)
-
-
-@dataclass
-class RowGroup:
-    """A group kept as rows (no 2^K pattern tables): for large K. ``pos`` [R, K] candidate index per
-    position (E' where not a candidate), ``rc`` current remote costs, ``v`` cost via this server."""
-
-    experts: np.ndarray
-    pos: np.ndarray
-    rc: np.ndarray
-    v: np.ndarray
-    local: np.ndarray
-    access: np.ndarray
-    w: np.ndarray
-
-    @property
-    def n_candidates(self) -> int:
-        return len(self.experts)
-
-    def latency(self, in_y: np.ndarray) -> np.ndarray:
-        worst = np.where(in_y, self.v[..., None] if in_y.ndim == 2 else self.v[None, :, None], self.rc).max(axis=-1)
-        return np.maximum(self.local, self.access + worst)
-
-    def values(self, masks: np.ndarray) -> np.ndarray:
-        ext = np.zeros((masks.shape[0], self.n_candidates + 1), bool)
-        ext[:, :-1] = masks
-        old = self.latency(np.zeros(self.pos.shape, bool))
-        return ((old[None, :] - self.latency(ext[:, self.pos])) * self.w[None, :]).sum(axis=1)
-
-
-def build_row_group(items: np.ndarray, cand: np.ndarray, rc: np.ndarray, v: np.ndarray, local: np.ndarray,
-                    access: np.ndarray, w: np.ndarray) -> RowGroup:
-    experts = np.unique(items[cand])
-    pos = np.where(cand, np.searchsorted(experts, items), len(experts))
-    return RowGroup(experts, pos, rc, v, local, access, w)
+from slimcaching.algorithms.core.groups import GroupProblem, PrefixGroup, RowGroup, prefix_form
 
 
 def _row_latency(group: RowGroup, rows: np.ndarray, in_y: np.ndarray) -> np.ndarray:
@@ -267,6 +103,8 @@ def _row_greedy_table(group: RowGroup, kmax: int, completions: int) -> ValueTabl
 
 @dataclass
 class ValueTable:
+    """V_g(k) for k = 0..kmax with the chosen candidate mask per k, and whether it is exact."""
+
     values: np.ndarray  # [kmax+1], non-decreasing, values[0] == 0
     choice: list[np.ndarray]  # choice[k]: global item ids achieving values[k] (|choice[k]| <= k)
     exact: bool
@@ -282,13 +120,13 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
     otherwise a beam search of width ``beam_width`` when its estimated work
     kmax * width * (E' + completions) * T * K is at most ``beam_budget`` (and width > 1);
     otherwise an incremental greedy with set completions (on rows for large K). Only the exact
-    tables are labelled exact. ``kernels``: the compiled kernels (:mod:`._kernels`) or None."""
+    tables are labelled exact. ``kernels``: the compiled kernels (:mod:`.kernels`) or None."""
     e = group.n_candidates
     kmax = min(kmax, e)
     if e == 0 or kmax == 0:
         return ValueTable(np.zeros(1), [np.zeros(0, np.int64)], True)
     if e <= MAX_ZETA_CANDIDATES and zeta_work(group) <= exact_budget:
-        return _zeta_table(group, kmax, kernels)
+        return zeta_table(group, kmax, kernels)
     if isinstance(group, PrefixGroup):
         group = group.as_patterns()
     if isinstance(group, RowGroup):
@@ -379,7 +217,8 @@ def subsets_by_size(e: int) -> tuple[np.ndarray, np.ndarray]:
     return _BY_SIZE[e]
 
 
-def _zeta_table(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, kernels=None) -> ValueTable:
+def zeta_table(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, kernels=None) -> ValueTable:
+    """The exact value table of a group by the Moebius/zeta transform over its candidates' subsets."""
     e = group.n_candidates
     if kernels is not None:  # the same transform and ties, without 2^E' temporaries
         best, arg = kernels[2](subset_coefficients(group), e, kmax)
@@ -516,144 +355,3 @@ def _beam_table(group: GroupProblem, kmax: int, width: int, completions: int) ->
 
 # ---------------------------------------------------------------------------------------------
 # knapsack over groups
-
-
-def capacity_units(sizes: np.ndarray, capacity: float, max_units: int = 60000) -> tuple[np.ndarray, int, bool]:
-    """Integer sizes and capacity. Exact (gcd of integral byte sizes) when that gives at most
-    ``max_units`` units; otherwise sizes are rounded *up* to a grid of capacity/max_units (every
-    solution stays feasible; the optimum may be missed by the rounding)."""
-    s = np.asarray(sizes, float)
-    if np.all(s == np.round(s)) and capacity >= 0:
-        g = 0
-        for v in s.astype(np.int64):
-            g = gcd(g, int(v))
-        if g > 0 and capacity / g <= max_units:
-            return (s // g).astype(np.int64), int(capacity // g), True
-    unit = max(capacity / max_units, 1e-12)
-    return np.ceil(s / unit - 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9)), False
-
-
-def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[float, list[int]]:
-    """max sum_g V_g(k_g) s.t. sum_g k_g w_g <= cap; V_g non-decreasing. Returns (value, k per group).
-
-    A DP over (group, capacity) for all groups but the longest table, which is placed last: as
-    its table is non-decreasing, its best count for a remaining capacity r is min(kmax, r // w),
-    one vector operation instead of kmax (exact).
-
-    Complexity: O(sum_{g != last} |V_g| * cap)."""
-    ng = len(tables)
-    if ng == 0:
-        return 0.0, []
-    last = max(range(ng), key=lambda g: (len(tables[g]) if int(weights[g]) > 0 else -1, -g))
-    order = [g for g in range(ng) if g != last]
-    best = np.zeros(cap + 1)
-    choices = []
-    for g in order:
-        tab, w = tables[g], int(weights[g])
-        new = best.copy()
-        ch = np.zeros(cap + 1, np.int32)
-        for k in range(1, len(tab)):
-            shift = k * w
-            if shift > cap:
-                break
-            cand = best[: cap + 1 - shift] + tab[k]
-            better = cand > new[shift:] + 1e-18
-            new[shift:] = np.where(better, cand, new[shift:])
-            ch[shift:] = np.where(better, k, ch[shift:])
-        best = new
-        choices.append(ch)
-    tab, w = tables[last], int(weights[last])
-    rem = cap - np.arange(cap + 1)  # capacity left for the last group after using c
-    k_last = np.minimum(len(tab) - 1, rem // w) if w > 0 else np.full(cap + 1, len(tab) - 1)
-    total = best + tab[k_last]
-    c = int(np.argmax(total))
-    value = float(total[c])
-    ks = [0] * ng
-    ks[last] = int(k_last[c])
-    for g, ch in zip(reversed(order), reversed(choices)):
-        k = int(ch[c])
-        ks[g] = k
-        c -= k * int(weights[g])
-    return value, ks
-
-
-def knapsack_by_size_class(tables: list[np.ndarray], units: np.ndarray,
-                           cap_units: int) -> tuple[float, list[int], float]:
-    """max sum_g V_g(k_g) s.t. sum_g k_g units_g <= cap_units: equal-size groups merged by max-plus
-    convolution (exact), then :func:`knapsack` over the size classes. Returns the value, the count
-    per group and the DP cells filled (a work measure). A class of size 0 may take everything."""
-    ks = [0] * len(tables)
-    classes: dict[int, list[int]] = {}
-    for gi, u in enumerate(units):
-        classes.setdefault(int(u), []).append(gi)
-    merged, allocs, class_units = [], [], []
-    for u, members in classes.items():
-        limit = cap_units // u if u > 0 else sum(len(tables[g]) - 1 for g in members)
-        w, alloc = maxplus_merge([tables[g] for g in members], limit)
-        merged.append(w)
-        allocs.append(alloc)
-        class_units.append(u)
-    value, js = knapsack(merged, np.array(class_units), cap_units)
-    for ci, members in enumerate(classes.values()):
-        j = js[ci]
-        for t, g in enumerate(members):
-            ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
-    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t) ** 2 for t in tables))
-    return value, ks, cells
-
-
-def maxplus_merge(tables: list[np.ndarray], limit: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Max-plus convolution of non-decreasing tables, up to ``limit`` experts in total.
-
-    Concave tables are merged in linear time (sorting their increments: exact for concave
-    tables); each non-concave table is then convolved exactly in O(n m). Returns the merged
-    table W[0..] and, per merged count j, the count per input table (as an [n_tables, J] array
-    row per table)."""
-    concave = [i for i, t in enumerate(tables) if _is_concave(t)]
-    other = [i for i in range(len(tables)) if i not in set(concave)]
-    # concave part: top-j increments
-    incs, owner = [], []
-    for i in concave:
-        d = np.diff(tables[i])
-        incs.append(d)
-        owner.append(np.full(len(d), i))
-    if incs:
-        inc = np.concatenate(incs)
-        own = np.concatenate(owner)
-        order = np.argsort(-inc, kind="stable")[:limit]
-        merged = np.concatenate([[0.0], np.cumsum(inc[order])])
-        alloc = np.zeros((len(tables), len(merged)), np.int32)
-        for i in concave:
-            alloc[i, 1:] = np.cumsum(own[order] == i)
-    else:
-        merged = np.zeros(1)
-        alloc = np.zeros((len(tables), 1), np.int32)
-    for i in other:
-        t = tables[i]
-        n, m = len(merged), len(t)
-        size = min(n + m - 1, limit + 1)
-        out = np.full(size, -np.inf)
-        arg = np.zeros(size, np.int32)
-        for k in range(m):
-            hi = min(n, size - k)
-            if hi <= 0:
-                break
-            cand = merged[:hi] + t[k]
-            seg = out[k:k + hi]
-            better = cand > seg
-            out[k:k + hi] = np.where(better, cand, seg)
-            arg[k:k + hi] = np.where(better, k, arg[k:k + hi])
-        new_alloc = alloc[:, np.arange(size) - arg]
-        new_alloc[i] = arg
-        merged, alloc = out, new_alloc
-    # non-decreasing (fewer experts may be used than counted)
-    for j in range(1, len(merged)):
-        if merged[j] < merged[j - 1]:
-            merged[j] = merged[j - 1]
-            alloc[:, j] = alloc[:, j - 1]
-    return merged, [alloc[i] for i in range(len(tables))]
-
-
-def _is_concave(t: np.ndarray) -> bool:
-    d = np.diff(t)
-    return bool(np.all(d[1:] <= d[:-1] + 1e-15)) if len(d) > 1 else True

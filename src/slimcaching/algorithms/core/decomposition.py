@@ -2,7 +2,7 @@
 
 The objective is a sum over (model, layer) *groups*: a row (co-activation set of a user class)
 belongs to exactly one group, and its latency depends only on the caches of that group's experts.
-So server n's best response is a knapsack over its group tables (:mod:`._tables`), and
+So server n's best response is a knapsack over its group tables (:mod:`.values`, :mod:`.knapsack`), and
 
 - a group table of server n depends only on the *other* servers' caches of that group's experts:
   it is kept and recomputed only when one of them changed (a version per group);
@@ -20,20 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimcaching.algorithms import _kernels
-from slimcaching.algorithms._tables import (
-    MAX_ZETA_CANDIDATES,
-    PrefixGroup,
-    ValueTable,
-    build_group,
-    build_row_group,
-    capacity_units,
-    knapsack_by_size_class,
-    pattern_bits,
-    prefix_form,
-    value_table,
-    zeta_work,
-)
+from slimcaching.algorithms.core import kernels
+from slimcaching.algorithms.core.groups import PrefixGroup, build_group, build_row_group, pattern_bits, prefix_form
+from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
+from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, value_table, zeta_work
 from slimcaching.problem import Problem
 
 COMPILED_MIN_ROW_VISITS = 2_000_000  # rows x servers from which the numba kernels are used
@@ -58,7 +48,7 @@ class Decomposition:
         # the compiled kernels pay for numba's import (~0.3 s) only on large problems
         if compiled is None:
             compiled = len(p.row_home) * p.n_servers >= COMPILED_MIN_ROW_VISITS
-        self.kernels = _kernels.kernels() if compiled else None
+        self.kernels = kernels.kernels() if compiled else None
         self.problem = p
         self.x = p.empty_placement() if x is None else x.copy()
         ns = p.n_servers

@@ -1,4 +1,4 @@
-"""Device-side expert caches (SPEC section 3, "Local cache policy").
+"""Device-side expert caches (docs/model.md §latency, "Local cache policy").
 
 ``lfu`` (the default, as in the paper): user u scores every (m, l, e) by
 w_{u,m} p_{u,m,l}(e) / s_m and fills its cache in descending score (ties: model order, then layer,
@@ -12,7 +12,7 @@ import copy
 
 import numpy as np
 
-from slimcaching.scenario import Scenario, User
+from slimcaching.scenario.types import Scenario, User
 
 
 def user_marginals(sc: Scenario, user: User) -> list[np.ndarray]:
@@ -28,6 +28,7 @@ def user_marginals(sc: Scenario, user: User) -> list[np.ndarray]:
 
 
 def lfu_local_cache(sc: Scenario, user: User) -> list[tuple[str, int, int]]:
+    """The ``lfu`` device cache of ``user`` (see the module docstring)."""
     marg = user_marginals(sc, user)
     scores, keys = [], []
     for mi, (m, arr) in enumerate(zip(sc.models, marg)):

@@ -1,0 +1,120 @@
+"""Command-line interface ``slimcaching`` (typer): one thin module per command group.
+
+Each command parses its options, makes one library call and prints. Every user error ends in one
+line ``error: <field>: <message> (got <value>)`` on stderr and exit status 2; outputs are written
+atomically, so a failed command leaves nothing half-written.
+
+Groups: :mod:`.scenario` (validate, export, scenario new), :mod:`.solve` (solve, demo),
+:mod:`.evaluate` (evaluate, simulate), :mod:`.experiment` (experiment, report), :mod:`.profile`
+(profile, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
+:mod:`.runtime` (cluster run, node, generate, calibrate).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from typer._click.exceptions import BadParameter, NoArgsIsHelpError, NoSuchOption, UsageError
+from typer.exceptions import Abort, Exit
+from typer.main import get_command
+
+from slimcaching.algorithms import SolverBug
+from slimcaching.cli import catalog, evaluate, experiment, profile, runtime, scenario, solve
+from slimcaching.cli.common import console
+from slimcaching.errors import ScenarioError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="SlimCaching: edge caching of MoE experts for distributed inference.")
+for group in (scenario, solve, evaluate, experiment, profile, catalog, runtime):
+    app.registered_commands.extend(group.app.registered_commands)
+app.add_typer(scenario.scenario_app, name="scenario")
+app.add_typer(runtime.cluster_app, name="cluster")
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            v = version("slimcaching")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            v = "unknown"
+        sys.stdout.write(f"slimcaching {v}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main_options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """SlimCaching: edge caching of MoE experts for distributed inference."""
+
+
+def usage_line(exc) -> str:
+    """One line ``<field>: <message>`` for a command-line usage error (instead of a usage box)."""
+    if isinstance(exc, BadParameter):
+        hint = exc.param_hint or (exc.param.get_error_hint() if exc.param is not None else None)
+        if isinstance(hint, (list, tuple)):
+            hint = " / ".join(hint)
+        hint = (hint or "argument").replace("'", "")
+        msg = exc.format_message().split(": ", 1)[-1] if exc.message == "" else exc.message
+        for long, short in (("Input should be greater than or equal to", "must be >="),
+                            ("Input should be less than or equal to", "must be <="),
+                            ("Input should be greater than", "must be >"), ("Input should be less than", "must be <"),
+                            ("Input should be a valid", "expected a valid")):
+            msg = msg.replace(long, short)
+        return f"{hint}: {msg}"
+    if isinstance(exc, NoSuchOption):
+        maybe = f" (did you mean {exc.possibilities[0]}?)" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{maybe}"
+    return f"usage: {exc.format_message()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
+    (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
+    cmd = get_command(app)
+    try:
+        rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
+        if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
+            return rv
+    except NoArgsIsHelpError as exc:
+        console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
+        return 2
+    except UsageError as exc:
+        console.print(f"[red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except Exit as exc:
+        return exc.exit_code
+    except Abort:
+        console.print("interrupted")
+        return 130
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except ScenarioError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
+    except RuntimeError as exc:  # a solver that broke its contract: a bug, said in one line
+        if not isinstance(exc, SolverBug):
+            raise
+        console.print(f"[red]error:[/] internal: {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except OSError as exc:
+        where = exc.filename or ""
+        console.print(f"[red]error:[/] {escape(str(where) or 'os')}: {escape(exc.strerror or str(exc))}",
+                      highlight=False, soft_wrap=True)
+        return 2
+    return 0
+
+
+def entry() -> None:  # pragma: no cover
+    sys.exit(main())
+
+

@@ -1,0 +1,60 @@
+"""What is built in: ``algorithms`` and ``presets``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from slimcaching.algorithms import algorithm_names, get_algorithm
+from slimcaching.cli.common import out, table
+from slimcaching.presets import ARCHS, resolve_preset
+
+app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
+
+
+@app.command("algorithms")
+def list_algorithms(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """List the registered placement algorithms and their parameters."""
+    rows = []
+    for n in algorithm_names():
+        spec = get_algorithm(n)
+        params = {}
+        for k, v in spec.defaults.items():
+            r = spec.rule(k)
+            params[k] = {"default": v, "type": r.kind.__name__, "min": r.lo, "min_inclusive": r.lo_inclusive,
+                         "max": r.hi}
+        rows.append({"name": n, "summary": spec.summary, "parameters": params})
+    if as_json:
+        sys.stdout.write(json.dumps({"algorithms": rows}, allow_nan=False) + "\n")
+        return
+    t = table("name", "what", "parameters (defaults)")
+    for r in rows:
+        t.add_row(r["name"], r["summary"], ", ".join(f"{k}={v['default']}" for k, v in r["parameters"].items()))
+    out.print(t)
+
+
+@app.command("presets")
+def list_presets(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, fp16, int8 or int4.")] = "bf16",
+) -> None:
+    """List model presets with their resolved numbers."""
+    rows = []
+    for name, arch in ARCHS.items():
+        r = resolve_preset(name, precision, field_name="--precision")
+        rows.append({"preset": name, "hf_id": arch.hf_id, "precision": precision, **r,
+                     "total_params": arch.total_params()})
+    if as_json:
+        sys.stdout.write(json.dumps({"presets": rows}, allow_nan=False) + "\n")
+        return
+    t = table("preset", "HF id", "MoE layers", "E", "K", "expert MB", "dense GB", "total params")
+    for r in rows:
+        t.add_row(r["preset"], r["hf_id"], str(r["layers"]), str(r["experts"]), str(r["top_k"]),
+                  f"{r['expert_bytes'] / 1e6:.1f}", f"{r['dense_bytes'] / 1e9:.2f}",
+                  f"{r['total_params'] / 1e9:.2f}B")
+    out.print(t)

@@ -1,0 +1,64 @@
+"""What every command group shares: consoles, tables, the scenario argument, and mapping the
+library's field names onto this command's flags."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from slimcaching.errors import ScenarioError
+from slimcaching.scenario import load_scenario
+
+console = Console(stderr=True)
+# piped or redirected output is not a terminal: use a wide page so tables never cut names
+out = Console() if sys.stdout.isatty() else Console(width=250)
+
+ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
+
+
+def table(*headers: str, **kw) -> Table:
+    """A table whose cells fold onto more lines in a narrow terminal instead of being cut with '…'."""
+    t = Table(*headers, **kw)
+    for c in t.columns:
+        c.overflow = "fold"
+    return t
+
+
+def read_scenario(scenario: str | None):
+    """The scenario of a command's argument (``default`` or empty: the built-in one)."""
+    return load_scenario(None if scenario in (None, "", "default") else scenario)
+
+
+def parse_params(items: list[str] | None) -> dict:
+    """``-p NAME=VALUE`` options as a mapping (dashes in names become underscores)."""
+    params = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ScenarioError("--param", "expected NAME=VALUE", item)
+        k, v = item.split("=", 1)
+        params[k.strip().replace("-", "_")] = v.strip()
+    return params
+
+
+def ms(x) -> str:
+    return "-" if x is None else f"{1000 * x:.3f} ms"
+
+
+@contextlib.contextmanager
+def flags(**names: str) -> Iterator[None]:
+    """Errors the library raises about ``name`` (or ``name line 3``, ``name.x``) name the flag
+    instead: ``with flags(trace="--trace"):``."""
+    try:
+        yield
+    except ScenarioError as exc:
+        for key, flag in names.items():
+            if exc.field == key or exc.field.startswith((key + " ", key + ".", key + "[")):
+                raise exc.renamed(flag + exc.field[len(key):]) from None
+        raise

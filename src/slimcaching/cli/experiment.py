@@ -1,0 +1,65 @@
+"""The paper's experiments and beyond: ``experiment`` (sweeps) and ``report`` (one HTML page)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from slimcaching.cli.common import console, flags, read_scenario
+from slimcaching.errors import ScenarioError
+from slimcaching.experiments import EXPERIMENTS, run_experiment
+from slimcaching.experiments.plots import write_report
+from slimcaching.experiments.runner import EXECUTORS
+
+app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
+
+
+@app.command()
+def experiment(
+    name: Annotated[str, typer.Argument(help="Experiment name or 'all'.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("results"),
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per point.")] = 3,
+    quick: Annotated[bool, typer.Option("--quick", help="Small smoke version (CI).")] = False,
+    backend: Annotated[str, typer.Option(help="serial, process or ray.")] = "process",
+    workers: Annotated[int | None, typer.Option(min=1, help="Parallel workers (default: all cores).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address to join.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep finished points, run the rest.")] = False,
+    exact_limit: Annotated[float, typer.Option("--exact-limit", min=0.0, help="Also run 'exact' with this time "
+                                               "limit (s); 0: off.")] = 0.0,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Sweep on top of this scenario file "
+                                                 "(capacity, local-cache, bandwidth, communication).")] = None,
+) -> None:
+    """Run one experiment of the paper (or all) and write CSV, PNG/SVG figures and a summary."""
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    for n in names:
+        if n not in EXPERIMENTS:
+            raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", n)
+    if backend not in EXECUTORS:  # checked before anything is printed
+        raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
+    if address is not None and backend != "ray":
+        raise ScenarioError("--address", "only with --backend ray", address)
+    if scenario is not None:
+        read_scenario(scenario)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        for n in names:
+            task = progress.add_task(f"{n}", total=None)
+
+            def report(done: int, total: int, task=task) -> None:
+                progress.update(task, completed=done, total=total)
+
+            with flags(scenario="--scenario", backend="--backend", seeds="--seeds"):
+                path = run_experiment(n, out_dir, seeds=seeds, quick=quick, backend=backend, workers=workers,
+                                      address=address, resume=resume, exact_limit=exact_limit,
+                                      scenario_path=scenario, progress=report)
+            console.print(f"{n}: wrote {path}, {path.with_suffix('.png').name}, "
+                          f"{path.with_suffix('.svg').name}, {path.with_suffix('.md').name}")
+
+
+@app.command()
+def report(directory: Annotated[Path, typer.Argument(help="Directory of experiment results.")]) -> None:
+    """Assemble every experiment's figure and summary into one self-contained HTML page."""
+    console.print(f"wrote {write_report(directory)}")

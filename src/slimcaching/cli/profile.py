@@ -1,0 +1,151 @@
+"""Activation profiles: record (``profile``), count a trace, describe and fit them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+
+from slimcaching.cli.common import console, flags, out, table
+from slimcaching.errors import ScenarioError
+from slimcaching.fileio import atomic_write
+from slimcaching.hf import RoutingTrace, profile_model, read_prompts
+from slimcaching.profile_stats import compare, fit_synthetic, layer_stats, summary_stats
+from slimcaching.profile_stats import heatmap as draw
+from slimcaching.profiles import Profile, profile_from_trace
+from slimcaching.simulate import load_trace_array
+
+app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
+
+
+@app.command()
+def profile(
+    model: Annotated[str, typer.Argument(help="Hugging Face model directory or hub id.")],
+    prompts: Annotated[Path, typer.Option("--prompts", help="Text lines, or JSONL with a text field "
+                                          "(and 'image' paths for Qwen3-VL-MoE).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
+    trace: Annotated[Path | None, typer.Option("--trace", help="Routing trace file (.npz); default: "
+                                               "next to the profile.")] = None,
+    generate: Annotated[int, typer.Option("--generate", min=0, help="Also route N decoded tokens per prompt "
+                                          "(encoder-decoder: N decoder tokens, at least 1).")] = 0,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:i].")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16, float16.")] = "auto",
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Prompts per forward pass.")] = 8,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Prefill token budget (whole "
+                                                   "prompts; a first prompt longer than it is truncated).")] = None,
+    text_field: Annotated[str, typer.Option("--text-field", help="JSONL field with the text.")] = "text",
+    phases: Annotated[str, typer.Option("--phases", help="Tokens in the profile: all, prefill or decode.")] = "all",
+    name: Annotated[str | None, typer.Option("--name", help="Model name in the profile (default: the "
+                                             "directory name).")] = None,
+) -> None:
+    """Record which experts a Hugging Face MoE model's routers choose, per token and layer."""
+    if output.suffix not in (".json", ".npz"):
+        raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
+    sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
+    if sel is None:
+        raise ScenarioError("--phases", "expected all, prefill or decode", phases)
+    if phases == "decode" and generate == 0:
+        raise ScenarioError("--phases", "decode tokens need --generate N", phases)
+    with flags(prompts="--prompts"):
+        items = read_prompts(prompts, text_field)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("profiling", total=len(items))
+
+        def report(done, total, tokens):
+            progress.update(task, completed=done, description=f"profiling ({tokens} prefill tokens)")
+
+        with flags(prompts="--prompts", dtype="--dtype", device="--device"):
+            tr = profile_model(model, items, device=device, dtype=dtype, batch_size=batch_size,
+                               max_tokens=max_tokens, generate=generate, progress=report)
+    model_name = name or Path(model.rstrip("/")).name
+    prof = tr.to_profile(model_name, sel)
+    prof.meta.update({k: v for k, v in tr.meta.items()})
+    prof.meta["phases"] = phases
+    trace_path = trace or output.with_name(output.stem + ".trace.npz")
+    tr.save(trace_path)
+    prof.save(output)
+    console.print(f"{tr.meta['family']}: {len(tr.layer_names)} MoE layers, E={tr.num_experts}, K={tr.top_k}, "
+                  f"{tr.meta['prefill_tokens']} prefill tokens; wrote {output} and {trace_path}")
+
+
+@app.command("profile-from-trace")
+def profile_from_trace_cmd(
+    trace_file: Annotated[Path, typer.Argument(help="Routing trace: .npy (tokens x layers x K expert ids) or a "
+                                               "slimcaching .trace.npz.")],
+    model: Annotated[str, typer.Option("--model", help="Model name for the profile.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
+) -> None:
+    """Count a raw routing trace into a co-activation profile."""
+    if output.suffix not in (".json", ".npz"):
+        raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
+    if not trace_file.is_file():
+        raise ScenarioError("trace", "file not found", str(trace_file))
+    if trace_file.suffix == ".npy":
+        with flags(trace="--trace"):
+            prof = profile_from_trace(load_trace_array(trace_file), model, {"source": trace_file.name})
+    elif trace_file.suffix == ".npz":
+        try:
+            prof = RoutingTrace.load(trace_file).to_profile(model)
+        except KeyError as exc:
+            raise ScenarioError("trace", f"not a slimcaching routing trace (missing {exc})", str(trace_file)) from None
+    else:
+        raise ScenarioError("trace", "expected a .npy or .npz file", str(trace_file))
+    prof.save(output)
+    console.print(f"wrote {output}: {len(prof.layers)} layers, K={prof.layers[0].sets.shape[1]}")
+
+
+@app.command("profile-stats")
+def profile_stats_cmd(
+    profile_file: Annotated[Path, typer.Argument(help="Profile (.json/.npz).")],
+    other: Annotated[Path | None, typer.Option("--compare", help="A second profile to compare with.")] = None,
+    heatmap: Annotated[Path | None, typer.Option("--heatmap", help="Write a per-layer heat map (PNG).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Skew, co-activation and differences of activation profiles."""
+    prof = Profile.load(profile_file, "profile")
+    result = {"summary": summary_stats(prof), "layers": layer_stats(prof)}
+    if other is not None:
+        result["compare"] = compare(prof, Profile.load(other, "--compare"))
+    if heatmap is not None:
+        draw(prof, str(heatmap))
+    if as_json:
+        sys.stdout.write(json.dumps(result, allow_nan=False) + "\n")
+        return
+    s = result["summary"]
+    out.print(f"{prof.model}: {s['layers']} layers; normalised entropy {s['entropy_norm']:.3f}, top-10% experts "
+              f"carry {s['top10pct_share']:.1%}, most frequent set {s['top_set_prob']:.1%}, "
+              f"{s['distinct_sets']:.0f} distinct sets per layer")
+    t = table("layer", "sets", "entropy", "top-10%", "top pair (lift)")
+    for st in result["layers"]:
+        pair = st["top_pairs"][0] if st["top_pairs"] else None
+        t.add_row(str(st["layer"]), str(st["distinct_sets"]), f"{st['entropy_norm']:.3f}",
+                  f"{st['top10pct_share']:.1%}",
+                  f"{pair['pair']} p={pair['prob']:.3f} lift={pair['lift']:.2f}" if pair else "-")
+    out.print(t)
+    if "compare" in result:
+        tv = [c["tv_sets"] for c in result["compare"]]
+        out.print(f"difference: total variation of set distributions mean {sum(tv) / len(tv):.3f}, "
+                  f"max {max(tv):.3f}")
+    if heatmap is not None:
+        console.print(f"wrote {heatmap}")
+
+
+@app.command("profile-fit")
+def profile_fit_cmd(
+    profile_file: Annotated[Path, typer.Argument(help="Measured profile (.json/.npz).")],
+    tokens: Annotated[int, typer.Option(help="Tokens per synthetic profile.")] = 2000,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the fitted synthetic router.")] = 0,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the fit as JSON.")] = None,
+) -> None:
+    """Fit the synthetic router's parameters to a measured profile (to scale it to many users)."""
+    fit = fit_synthetic(Profile.load(profile_file, "profile"), tokens=tokens, seed=seed)
+    text = json.dumps(fit, indent=1, allow_nan=False) + "\n"
+    if output:
+        atomic_write(output, text)
+        console.print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,81 @@
+"""Commands on scenario files: ``validate``, ``export``, ``scenario new``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from slimcaching.cli.common import ScenarioArg, console, flags, out, read_scenario
+from slimcaching.fileio import atomic_write, check_target, data_file_text
+from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.limits import check
+from slimcaching.scenario import ScenarioErrors, canonical_json, resolve_scenario
+
+app = typer.Typer()  # commands registered on the main app by slimcaching.cli
+scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
+
+@app.command()
+def validate(scenario: ScenarioArg = "default") -> None:
+    """Check a scenario file: one line per error (every independent error, not just the first), or a
+    one-line summary."""
+    try:
+        sc = read_scenario(scenario)
+    except ScenarioErrors as exc:
+        for e in exc.errors:
+            console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
+              f"{len(sc.users)} users, {len(sc.profiles)} profiles")
+
+
+@app.command()
+def export(scenario: ScenarioArg = "default",
+           output: Annotated[Path, typer.Option("-o", "--output", help="Canonical JSON file.")] = Path(
+               "canonical.json")) -> None:
+    """Write the fully resolved canonical scenario (slimcaching/scenario@1)."""
+    check_target(output, "--output")
+    sc = read_scenario(scenario)
+    atomic_write(output, canonical_json(sc))
+    console.print(f"wrote {output}")
+
+
+@scenario_app.command("new")
+def scenario_new(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Scenario file to write (.yaml/.json/.toml).")],
+    servers: Annotated[int, typer.Option(min=1, help="Edge servers.")] = 5,
+    users: Annotated[int, typer.Option(min=1, help="Users.")] = 50,
+    models: Annotated[str, typer.Option(help="Comma-separated presets.")] = ",".join(
+        ("switch-base-8", "moe-llava-stablelm", "llama-moe-3.5b-4-16")),
+    models_per_user: Annotated[int, typer.Option(min=1, help="Models each user requests.")] = 2,
+    capacity: Annotated[str, typer.Option(help="Edge storage per server.")] = "2.5 GB",
+    uplink: Annotated[str, typer.Option(help="User uplink.")] = "50 Mbit/s",
+    downlink: Annotated[str, typer.Option(help="User downlink.")] = "100 Mbit/s",
+    link_rate: Annotated[str, typer.Option(help="Server-server link rate.")] = "1 Gbit/s",
+    backhaul: Annotated[str, typer.Option(help="Edge-cloud rate.")] = "200 Mbit/s",
+    topology: Annotated[str, typer.Option(help="ring, line, star, full or none.")] = "ring",
+    local_cache: Annotated[str, typer.Option(help="Device expert cache size.")] = "0.5 GB",
+    top_k: Annotated[int | None, typer.Option(min=1, help="Override every model's top-K.")] = None,
+    access_rtt: Annotated[str, typer.Option(help="User access round-trip time.")] = "5 ms",
+    reach: Annotated[int | None, typer.Option(
+        min=1, help="Geometric layout: each user's home is its nearest server and it reaches its N nearest "
+                    "(rates fall with distance; see docs/scenario.md).")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
+) -> None:
+    """Generate a scenario file from options."""
+    check("users", users, "--users", "users")
+    check("servers", servers, "--servers", "servers")
+    check_target(output, "--output")
+    opts = GeneratorOptions(servers=servers, users=users,
+                            models=tuple(m.strip() for m in models.split(",") if m.strip()),
+                            models_per_user=models_per_user, capacity=capacity, uplink=uplink,
+                            downlink=downlink, link_rate=link_rate, backhaul=backhaul, topology=topology,
+                            local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem,
+                            access_rtt=access_rtt, reach=reach)
+    with flags(reach="--reach", top_k="--top-k"):
+        data = generate_scenario_dict(opts)
+    resolve_scenario(data)  # validate before writing anything
+    atomic_write(output, data_file_text(data, output, "--output"))
+    console.print(f"wrote {output}")

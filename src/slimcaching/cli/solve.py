@@ -1,0 +1,131 @@
+"""Placing experts: ``solve`` (one algorithm, optionally certified) and ``demo`` (all of them)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+
+from slimcaching.algorithms import algorithm_names, get_algorithm, solve
+from slimcaching.algorithms.co_local import co_activation_local_caches
+from slimcaching.bounds import certify
+from slimcaching.cli.common import ScenarioArg, console, out, parse_params, read_scenario, table
+from slimcaching.errors import ScenarioError
+from slimcaching.evaluation import placement_latency
+from slimcaching.fileio import atomic_write, check_target
+from slimcaching.problem import build_problem
+from slimcaching.reporting import exact_note, solve_summary
+
+app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
+
+
+@app.command("solve")
+def solve_cmd(
+    scenario: ScenarioArg = "default",
+    algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="Algorithm name.")] = "slimcaching",
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
+    time_limit: Annotated[float | None, typer.Option(
+        "--time-limit", help="Seconds for HiGHS (exact); its warm start, a slimcaching solve, comes on top.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
+    co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
+                                           "aware (beyond the paper) instead of the scenario's.")] = False,
+    bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the optimal latency (the "
+                                        "best of the LP relaxation and two fast bounds) and report how near "
+                                        "optimal the placement is.")] = False,
+    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for --bound (the LP gets "
+                                                    "what the fast bounds leave); past it the best fast bound "
+                                                    "is used.")] = 600.0,
+) -> None:
+    """Compute a placement with one algorithm and write it as JSON."""
+    spec = get_algorithm(algorithm)
+    params = parse_params(param)
+    if time_limit is not None:
+        if not (time_limit > 0 and time_limit < float("inf")):
+            raise ScenarioError("--time-limit", "must be a positive number of seconds", time_limit)
+        if "time_limit" not in spec.defaults:
+            raise ScenarioError("--time-limit", f"{spec.name} has no time limit (only exact)", time_limit)
+        params["time_limit"] = time_limit
+    if seed is not None:
+        if "random_state" not in spec.defaults:
+            raise ScenarioError("--seed", f"{spec.name} draws nothing at random (only random)", seed)
+        params["random_state"] = seed
+    if not (bound_time_limit > 0 and bound_time_limit < float("inf")):
+        raise ScenarioError("--bound-time-limit", "must be a positive number of seconds", bound_time_limit)
+    if output is not None:
+        check_target(output, "--output")
+    sc = read_scenario(scenario)
+    if co_local:
+        sc = co_activation_local_caches(sc)
+    problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
+    with console.status(f"solving with {spec.name} ..."):
+        placement = solve(problem, spec.name, params)
+    if co_local:
+        placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
+        placement.params["local_policy"] = "co-activation"
+    latency = placement_latency(problem, placement)
+    summary = solve_summary(spec.name, placement, latency, params.get("time_limit", spec.defaults.get("time_limit")),
+                            bool(params.get("relax")))
+    if bound:
+        with console.status("proving a lower bound ..."):
+            summary += certify(problem, placement, latency, bound_time_limit)
+    data = placement.to_dict(problem, latency)
+    if output is None:
+        sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
+        console.print(summary)
+    else:
+        atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
+        console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
+
+
+@app.command()
+def demo(
+    scenario: ScenarioArg = "default",
+    algorithms: Annotated[str, typer.Option(help="Comma-separated algorithm names, or 'all'.")] = "all",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 30.0,
+) -> None:
+    """Run every algorithm on a scenario and print a comparison table."""
+    names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
+    sc = read_scenario(scenario)
+    problem = build_problem(sc)
+    out.print(f"scenario [bold]{sc.name}[/]: {len(sc.models)} models "
+              f"({', '.join(f'{m.name} K={m.top_k}' for m in sc.models)}), {len(sc.servers)} servers, "
+              f"{len(sc.users)} users ({len(problem.class_users)} classes), {problem.n_items} experts")
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("solving", total=len(names))
+        for name in names:
+            progress.update(task, description=f"solving: {name}")
+            params = {"time_limit": time_limit} if name == "exact" else {}
+            try:
+                pl = solve(problem, name, params)
+            except ScenarioError as exc:
+                rows.append((name, None, None, str(exc)))
+                progress.advance(task)
+                continue
+            lat = placement_latency(problem, pl)
+            note = ""
+            if name == "exact":
+                note, found = exact_note(pl, time_limit)
+                lat = lat if found else None
+            rows.append((name, lat, pl.solve_seconds, note))
+            progress.advance(task)
+    ref = next((r[1] for r in rows if r[0] == "none"), None)
+    if ref is None:
+        ref = problem.objective(solve(problem, "none").x)
+    t = table(title="mean per-token latency (lower is better)")
+    t.add_column("algorithm", no_wrap=True)
+    t.add_column("ms/token", justify="right", no_wrap=True)
+    t.add_column("vs none", justify="right", no_wrap=True)
+    t.add_column("solve s", justify="right", no_wrap=True)
+    t.add_column("note")
+    for name, lat, secs, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0)):
+        if lat is None:
+            t.add_row(name, "-", "-", f"{secs:.2f}" if secs is not None else "-", note)
+        else:
+            t.add_row(name, f"{lat * 1e3:.3f}", f"{(ref - lat) / ref:.1%}", f"{secs:.2f}", note)
+    out.print(t)

@@ -1,0 +1,74 @@
+"""The latency model's elementary times (docs/model.md, "Latency of one decoded token").
+
+A leaf module: plain floats in, seconds out, no scenario types imported. Everything that prices a
+hop, an access round trip, a backhaul round trip or an execution calls these functions: the
+scenario's finiteness checks, :mod:`slimcaching.problem`, :mod:`slimcaching.architectures` and the
+runtime's routing table. One formula, one place.
+
+Examples
+--------
+>>> exec_time(2e9, 1e6, node_flops=1e12, mem_bandwidth=None)
+0.002
+>>> round(hop_time(bits=8e6, rate_bps=1e9, rtt_s=0.002), 12)
+0.009
+>>> access_time(bits=8e6, uplink_bps=1e8, downlink_bps=2e8, rtt_s=0.01)
+0.13
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import networkx as nx
+
+
+def exec_time(flops: float, nbytes: float, node_flops: float, mem_bandwidth: float | None) -> float:
+    """Roofline execution time ``max(flops / f, bytes / B)``; the second term only with ``B``.
+
+    Parameters
+    ----------
+    flops, nbytes : float
+        Work and weight bytes of the computation (one expert, or a model's dense part).
+    node_flops : float
+        The executing node's compute rate ``f`` in FLOP/s.
+    mem_bandwidth : float or None
+        The node's memory bandwidth ``B`` in bytes/s; ``None`` (or 0) leaves compute alone.
+    """
+    t = flops / node_flops
+    if mem_bandwidth:
+        t = max(t, nbytes / mem_bandwidth)
+    return t
+
+
+def hop_time(bits: float, rate_bps: float, rtt_s: float) -> float:
+    """One-way time of ``bits`` over a server link: ``bits / rate + rtt / 2``."""
+    return bits / rate_bps + rtt_s / 2.0
+
+
+def access_time(bits: float, uplink_bps: float, downlink_bps: float, rtt_s: float) -> float:
+    """A user's access round trip ``a_u``: the hidden state up, the result down, plus the RTT."""
+    return bits / uplink_bps + bits / downlink_bps + rtt_s
+
+
+def backhaul_time(bits: float, rate_bps: float, rtt_s: float) -> float:
+    """Round trip from a server to the cloud ``c_{n,cloud}``: ``2 bits / rate + rtt``."""
+    return 2.0 * bits / rate_bps + rtt_s
+
+
+def relay_graph(nodes: Iterable, links: Iterable[tuple], bits: float) -> nx.Graph:
+    """The server-link graph for one hidden state of ``bits``.
+
+    ``links`` yields ``(a, b, rate_bps, rtt_s)``; an edge's weight ``w`` is :func:`hop_time` and its
+    ``link`` attribute the ``(rate_bps, one-way delay)`` it was priced with. Of parallel links the
+    cheaper one is kept (the first on a tie). A relay between two servers costs twice the shortest
+    path (there and back).
+
+    Complexity: O(L) for L links.
+    """
+    g = nx.Graph()
+    g.add_nodes_from(nodes)
+    for a, b, rate_bps, rtt_s in links:
+        w = hop_time(bits, rate_bps, rtt_s)
+        if not g.has_edge(a, b) or g[a][b]["w"] > w:
+            g.add_edge(a, b, w=w, link=(rate_bps, rtt_s / 2.0))
+    return g

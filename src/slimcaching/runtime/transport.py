@@ -1,0 +1,147 @@
+"""A node's transport: its ROUTER socket, DEALER sockets to peers, a timer heap and emulated links.
+
+Waiting is never a blocking sleep: every message carries its emulated arrival time and waits in
+the timer heap until then (:mod:`linkemu`), so one node serves many requests at once. The loop
+calls back into its owner (:class:`slimcaching.runtime.node.NodeServer`) for requests, replies and
+deadlines.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import time
+
+import zmq
+
+from slimcaching.runtime.linkemu import Link
+from slimcaching.runtime.routing import Layout
+
+INF_LINK = (float("inf"), 0.0)
+CONNECT_GRACE_MS = 50  # a peer whose connection is not up after this long counts as down
+
+
+class Transport:
+    """A node's sockets, timers and emulated links (see the module docstring)."""
+
+    def __init__(self, name: str, layout: Layout, emulate: bool = True):
+        self.name = name
+        self.layout = layout
+        self.emulate = emulate
+        self.ctx = zmq.Context.instance()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.peers: dict[str, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.links: dict = {}
+        self.timers: list = []
+        self.seq = itertools.count()
+        self.running = True
+
+    # ---- sockets -------------------------------------------------------------------------
+    def bind(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        if port:
+            self.router.bind(f"tcp://{host}:{port}")
+            return port
+        return self.router.bind_to_random_port(f"tcp://{host}")
+
+    def connect_peers(self, addresses: dict[str, str]) -> None:
+        for peer, addr in addresses.items():
+            if peer == self.name or peer not in self.layout.nodes:
+                continue
+            old = self.peers.pop(peer, None)
+            if old is not None:
+                self.poller.unregister(old)
+                old.close(0)
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is down
+            s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
+            s.connect(addr)
+            self.peers[peer] = s
+            self.poller.register(s, zmq.POLLIN)
+
+    def send_to_client(self, ident: bytes, frames: list) -> None:
+        try:
+            self.router.send_multipart([ident] + frames, zmq.NOBLOCK)
+        except zmq.ZMQError:  # the requester went away: nothing to deliver
+            pass
+
+    def send_to_peer(self, peer: str, frames: list) -> bool:
+        """Send without waiting; False when the peer's connection is not up."""
+        sock = self.peers.get(peer)
+        try:
+            if sock is None or not sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
+                return False
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def link(self, hop) -> Link:
+        """The emulated link of a directed hop, or of ``("down", user)``: a user's downlink."""
+        if hop not in self.links:
+            if not self.emulate:
+                self.links[hop] = Link(*INF_LINK)
+            elif hop[0] == "down":
+                up, down, rtt = self.layout.access[hop[1]]
+                self.links[hop] = Link(down, rtt / 2.0)
+            else:
+                self.links[hop] = Link(*self.layout.hop[hop])
+        return self.links[hop]
+
+    # ---- timers and the loop -----------------------------------------------------------------
+    def at(self, when: float, fn) -> None:
+        if when <= time.time():
+            fn()
+        else:
+            heapq.heappush(self.timers, (when, next(self.seq), fn))
+
+    def serve(self, on_request, on_reply, next_deadline, on_tick, log, parent_pid: int | None = None) -> None:
+        """Until stopped: requests from clients go to ``on_request(ident, frames)``, replies from
+        peers to ``on_reply(frames)``; timers fire when due and ``on_tick(now)`` runs after each
+        wake-up (deadlines). ``next_deadline()`` is the earliest time something else is due."""
+        next_parent_check = 0.0
+        while self.running:
+            now = time.time()
+            wait = 0.5
+            if self.timers:
+                wait = min(wait, self.timers[0][0] - now)
+            wait = min(wait, next_deadline() - now)
+            if wait > 0.002:
+                events = dict(self.poller.poll(int(wait * 1000) - 1))
+            else:
+                events = dict(self.poller.poll(0))
+                if not events and wait > 0:
+                    time.sleep(min(wait, 0.0001))
+            for sock in events:
+                self._drain(sock, on_request, on_reply)
+            now = time.time()
+            while self.timers and self.timers[0][0] <= now:
+                _, _, fn = heapq.heappop(self.timers)
+                fn()
+            on_tick(time.time())
+            if parent_pid and now > next_parent_check:
+                next_parent_check = now + 0.5
+                if os.getppid() != parent_pid:
+                    log("launcher is gone; stopping")
+                    self.running = False
+        self.close()
+
+    def _drain(self, sock, on_request, on_reply) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if sock is self.router:
+                on_request(frames[0].bytes, [f.buffer for f in frames[1:]])
+            else:
+                on_reply([f.buffer for f in frames])
+
+    def close(self) -> None:
+        for s in self.peers.values():
+            s.close(0)
+        self.router.close(0)

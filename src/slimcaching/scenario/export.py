@@ -1,0 +1,72 @@
+"""The canonical form ``slimcaching/scenario@1``: every number resolved, SI units, local caches explicit.
+
+The canonical form is itself a valid input and round-trips unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from slimcaching.scenario.local_cache import resolve_local_caches
+from slimcaching.scenario.schema import MODEL_FIELDS, SCENARIO_FORMAT
+from slimcaching.scenario.types import Scenario
+
+
+def _num(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    if not math.isfinite(x):  # pragma: no cover - validated earlier
+        raise ValueError(x)
+    return x
+
+
+def canonical_dict(sc: Scenario) -> dict:
+    """The canonical, fully resolved form (``slimcaching/scenario@1``), SI numbers only."""
+    sc = resolve_local_caches(sc)
+
+    def opt(d: dict) -> dict:
+        return {k: v for k, v in d.items() if v is not None}
+
+    return {
+        "format": SCENARIO_FORMAT,
+        "name": sc.name,
+        "models": [
+            opt({"name": m.name, "hf": m.hf, "layers": m.layers, "experts": m.experts, "top_k": m.top_k,
+                 **{f: _num(getattr(m, f)) for f in MODEL_FIELDS[3:]}})
+            for m in sc.models
+        ],
+        "cloud": opt({"flops": _num(sc.cloud.flops), "mem_bandwidth": _num(sc.cloud.mem_bandwidth)}),
+        "servers": [
+            opt({"name": s.name, "capacity_bytes": _num(s.capacity_bytes), "flops": _num(s.flops),
+                 "mem_bandwidth": _num(s.mem_bandwidth), "cloud_rate_bps": _num(s.cloud_rate_bps),
+                 "cloud_rtt_s": _num(s.cloud_rtt_s)})
+            for s in sc.servers
+        ],
+        "server_links": [
+            {"a": ln.a, "b": ln.b, "rate_bps": _num(ln.rate_bps), "rtt_s": _num(ln.rtt_s)}
+            for ln in sc.server_links
+        ],
+        "local_policy": "explicit",
+        "profiles": {name: p.to_dict() for name, p in sc.profiles.items()},
+        "users": [
+            opt({"name": u.name, "home": u.home, "uplink_bps": _num(u.uplink_bps),
+                 "downlink_bps": _num(u.downlink_bps), "rtt_s": _num(u.rtt_s), "flops": _num(u.flops),
+                 "mem_bandwidth": _num(u.mem_bandwidth), "cache_bytes": _num(u.cache_bytes),
+                 "rate": _num(u.rate),
+                 "workload": [{"model": w.model, "weight": _num(w.weight), "profile": w.profile}
+                              for w in u.workload],
+                 "local_cache": [[m, int(layer), int(e)] for m, layer, e in u.local_cache],
+                 "reach": [{"server": r.server, "uplink_bps": _num(r.uplink_bps), "downlink_bps": _num(r.downlink_bps),
+                            "rtt_s": _num(r.rtt_s)} for r in u.reach] or None})
+            for u in sc.users
+        ],
+    }
+
+
+def canonical_json(sc: Scenario) -> str:
+    """The canonical form as JSON text."""
+    return json.dumps(canonical_dict(sc), indent=1, allow_nan=False) + "\n"
+
+

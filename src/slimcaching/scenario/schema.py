@@ -1,0 +1,195 @@
+"""The scenario's input schema (pydantic, at the I/O boundary; docs/scenario.md is its reference).
+
+Quantities accept units (``"100 Mbit/s"``, ``"2 GB"``) through :func:`slimcaching.units.parse_quantity`;
+every model forbids unknown fields. :func:`pydantic_error` turns pydantic's errors into one
+:class:`~slimcaching.errors.ScenarioError` per field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from slimcaching.errors import ScenarioError
+from slimcaching.units import parse_quantity
+
+SCENARIO_FORMAT = "slimcaching/scenario@1"
+MODEL_FIELDS = ("layers", "experts", "top_k", "expert_bytes", "expert_flops", "hidden_bytes",
+                "dense_bytes", "dense_flops")
+
+
+def _q(kind: str):
+    def conv(v: Any) -> Any:
+        if v is None:
+            return None
+        return parse_quantity(v, kind, field="value")
+
+    return BeforeValidator(conv)
+
+
+Bytes = Annotated[float, _q("bytes"), Field(ge=0, allow_inf_nan=False)]
+PosBytes = Annotated[float, _q("bytes"), Field(gt=0, allow_inf_nan=False)]
+BitRate = Annotated[float, _q("bits_per_s"), Field(gt=0, allow_inf_nan=False)]
+Seconds = Annotated[float, _q("seconds"), Field(ge=0, allow_inf_nan=False)]
+Flop = Annotated[float, _q("flop"), Field(ge=0, allow_inf_nan=False)]
+FlopRate = Annotated[float, _q("flops_per_s"), Field(gt=0, allow_inf_nan=False)]
+ByteRate = Annotated[float, _q("bytes_per_s"), Field(gt=0, allow_inf_nan=False)]
+TokenRate = Annotated[float, _q("per_s"), Field(gt=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(strict=True, ge=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelIn(_Strict):
+    """A model: a preset, a model directory (``hf``) or explicit numbers."""
+
+    name: str = Field(min_length=1)
+    preset: str | None = None
+    hf: str | None = Field(default=None, min_length=1)
+    precision: Literal["fp32", "bf16", "fp16", "int8", "int4"] | None = None
+    layers: Count | None = None
+    experts: Count | None = None
+    top_k: Count | None = None
+    expert_bytes: PosBytes | None = None
+    expert_flops: Flop | None = None
+    hidden_bytes: PosBytes | None = None
+    dense_bytes: Bytes | None = None
+    dense_flops: Flop | None = None
+
+
+class CloudIn(_Strict):
+    """The cloud's compute."""
+
+    flops: FlopRate
+    mem_bandwidth: ByteRate | None = None
+
+
+class ServerIn(_Strict):
+    """An edge server: storage, compute and its backhaul to the cloud."""
+
+    name: str = Field(min_length=1)
+    capacity_bytes: Bytes
+    flops: FlopRate
+    mem_bandwidth: ByteRate | None = None
+    cloud_rate_bps: BitRate
+    cloud_rtt_s: Seconds
+
+
+class LinkIn(_Strict):
+    """A server-to-server link."""
+
+    a: str
+    b: str
+    rate_bps: BitRate
+    rtt_s: Seconds
+
+
+class WorkloadIn(_Strict):
+    """One entry of a user's workload: a model, its weight and the profile of its routing."""
+
+    model: str
+    weight: float = Field(ge=0, allow_inf_nan=False)
+    profile: str
+
+
+class ReachIn(_Strict):
+    """A server the user's radio reaches directly besides its home (docs/model.md §architectures)."""
+
+    server: str
+    uplink_bps: BitRate
+    downlink_bps: BitRate
+    rtt_s: Seconds
+
+
+class UserFields(_Strict):
+    """The fields a user and a user group share."""
+
+    uplink_bps: BitRate
+    downlink_bps: BitRate
+    rtt_s: Seconds
+    flops: FlopRate
+    mem_bandwidth: ByteRate | None = None
+    cache_bytes: Bytes = 0.0
+    rate: TokenRate = 1.0
+    workload: list[WorkloadIn] = Field(min_length=1)
+    local_cache: list[tuple[str, int, int]] | None = None
+    reach: list[ReachIn] | None = None
+
+
+class UserIn(UserFields):
+    """One user, at a home server."""
+
+    name: str = Field(min_length=1)
+    home: str
+
+
+class UserGroupIn(UserFields):
+    """Generator: ``count`` users named ``prefix<i>``, homes taken round-robin from ``homes``."""
+
+    prefix: str = "user"
+    count: Count
+    homes: list[str] | Literal["all"] = "all"
+
+
+class SyntheticIn(_Strict):
+    """A synthetic profile drawn from the built-in router."""
+
+    model: str
+    task: str
+    tokens: Count = 2000
+    seed: Annotated[int, Field(strict=True, ge=0)] = 0
+    skew: float = Field(default=1.5, ge=0, allow_inf_nan=False)
+    shared: float = Field(default=0.3, ge=0, le=1, allow_inf_nan=False)
+    coupling: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    rank: Count = 2
+    noise: float = Field(default=0.7, gt=0, allow_inf_nan=False)
+
+
+class ScenarioIn(_Strict):
+    """A whole scenario file."""
+
+    format: Literal["slimcaching/scenario@1"] | None = None
+    name: str = "scenario"
+    models: list[ModelIn] = Field(min_length=1)
+    cloud: CloudIn
+    servers: list[ServerIn] = Field(default_factory=list)
+    server_links: list[LinkIn] = Field(default_factory=list)
+    local_policy: Literal["lfu", "explicit"] = "lfu"
+    profiles: dict[str, dict] = Field(default_factory=dict)
+    users: list[UserIn] = Field(default_factory=list)
+    user_groups: list[UserGroupIn] = Field(default_factory=list)
+
+
+def format_loc(loc: tuple) -> str:
+    """A pydantic error location as a field path (``users[3].uplink_bps``)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "scenario"
+
+
+def pydantic_error(exc: ValidationError, prefix: str = "", index: int = 0) -> ScenarioError:
+    """The ``index``-th error of a pydantic validation as one :class:`ScenarioError` naming the field."""
+    err = exc.errors()[index]
+    loc = format_loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+    msg = err["msg"]
+    for pre in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(pre):
+            msg = msg[len(pre):]
+    if msg.startswith("value: "):
+        msg = msg[len("value: "):]
+    where = f"{prefix}{loc}" if prefix else loc
+    value = err.get("input")
+    if err["type"] == "missing":
+        return ScenarioError(where, "required field is missing")
+    if err["type"] == "extra_forbidden":
+        return ScenarioError(where, "unknown field", show_value=False)
+    if isinstance(value, (dict, list)) or " (got " in msg:  # the converter's message shows the value already
+        return ScenarioError(where, msg, show_value=False)
+    return ScenarioError(where, msg, value)

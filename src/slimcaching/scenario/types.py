@@ -1,0 +1,126 @@
+"""The resolved scenario: plain dataclasses with SI floats (docs/model.md, "Entities").
+
+What :func:`slimcaching.scenario.resolve_scenario` returns and every later stage reads. No
+validation happens here: a value in these classes has passed :mod:`slimcaching.scenario.resolve`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slimcaching.profiles import Profile
+
+
+@dataclass(frozen=True)
+class Model:
+    """A resolved model: sizes in bytes, work in FLOP."""
+
+    name: str
+    layers: int
+    experts: int
+    top_k: int
+    expert_bytes: float
+    expert_flops: float
+    hidden_bytes: float
+    dense_bytes: float
+    dense_flops: float
+    hf: str | None = None  # model directory the numbers were derived from (provenance)
+
+
+@dataclass(frozen=True)
+class Cloud:
+    """The cloud's compute."""
+
+    flops: float
+    mem_bandwidth: float | None = None
+
+
+@dataclass(frozen=True)
+class Server:
+    """A resolved edge server."""
+
+    name: str
+    capacity_bytes: float
+    flops: float
+    mem_bandwidth: float | None
+    cloud_rate_bps: float
+    cloud_rtt_s: float
+
+
+@dataclass(frozen=True)
+class Link:
+    """A resolved server-to-server link."""
+
+    a: str
+    b: str
+    rate_bps: float
+    rtt_s: float
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """A model a user requests, with its weight and profile."""
+
+    model: str
+    weight: float
+    profile: str
+
+
+@dataclass(frozen=True)
+class Reach:
+    """A server a user's radio reaches besides its home, with that link."""
+
+    server: str
+    uplink_bps: float
+    downlink_bps: float
+    rtt_s: float
+
+
+@dataclass
+class User:
+    """A resolved user."""
+
+    name: str
+    home: str
+    uplink_bps: float
+    downlink_bps: float
+    rtt_s: float
+    flops: float
+    mem_bandwidth: float | None
+    cache_bytes: float
+    rate: float
+    workload: list[WorkloadEntry]
+    local_cache: list[tuple[str, int, int]] | None = None
+    reach: tuple[Reach, ...] = ()
+
+
+@dataclass
+class Scenario:
+    """A resolved scenario: every number in SI units, profiles loaded."""
+
+    models: list[Model]
+    cloud: Cloud
+    servers: list[Server]
+    server_links: list[Link]
+    users: list[User]
+    profiles: dict[str, Profile]
+    local_policy: str = "lfu"
+    name: str = "scenario"
+    _index: dict = field(default_factory=dict, repr=False)
+
+    def model(self, name: str) -> Model:
+        return self.model_by_name[name]
+
+    @property
+    def model_by_name(self) -> dict[str, Model]:
+        if "models" not in self._index:
+            self._index["models"] = {m.name: m for m in self.models}
+        return self._index["models"]
+
+    @property
+    def model_index(self) -> dict[str, int]:
+        return {m.name: i for i, m in enumerate(self.models)}
+
+    @property
+    def server_index(self) -> dict[str, int]:
+        return {s.name: i for i, s in enumerate(self.servers)}

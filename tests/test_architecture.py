@@ -1,0 +1,133 @@
+"""The package's shape: no import circles, no private names borrowed across modules, and imports
+inside functions only where a comment says why (an optional extra or measured start-up cost).
+
+Read with the standard library's ``ast``; imports inside functions count like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "slimcaching"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path):
+    """Yield (node, imported module, imported name or None) for every slimcaching import."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] == "slimcaching":
+                for alias in node.names:
+                    yield node, mod, alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "slimcaching":
+                    yield node, alias.name, None
+
+
+def _targets(importer: str, mod: str, attr: str | None) -> list[str]:
+    """Modules an import runs: the module (or the submodule it names) and, when the importer is
+    outside it, the packages above it (their ``__init__`` runs first)."""
+    full = f"{mod}.{attr}" if attr else mod
+    target = full if full in MODULES else mod
+    out = [target]
+    parts = target.split(".")
+    for k in range(1, len(parts)):
+        pkg = ".".join(parts[:k])
+        if pkg in MODULES and not importer.startswith(pkg + ".") and importer != pkg:
+            out.append(pkg)
+    return [t for t in out if t in MODULES and t != importer]
+
+
+def import_graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    g.add_nodes_from(MODULES)
+    for name, path in MODULES.items():
+        for _, mod, attr in _imports(name, path):
+            for target in _targets(name, mod, attr):
+                g.add_edge(name, target)
+    return g
+
+
+def test_no_import_cycles():
+    cycles = sorted(nx.simple_cycles(import_graph()), key=len)
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c + c[:1]) for c in cycles[:10])
+
+
+def test_no_private_names_across_modules():
+    bad = []
+    for name, path in MODULES.items():
+        for node, mod, attr in _imports(name, path):
+            if attr is None or f"{mod}.{attr}" in MODULES or mod == name:
+                continue
+            if attr.startswith("_"):
+                bad.append(f"{name} imports {mod}.{attr} (line {node.lineno})")
+            # a private module is private to its package
+            private = [p for p in mod.split(".") if p.startswith("_")]
+            if private and not name.startswith(mod.rsplit(".", 1)[0] + "."):
+                bad.append(f"{name} imports private module {mod} (line {node.lineno})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_graph_sees_a_circle():
+    """The check itself can fail: a made-up circle through two real modules is found."""
+    g = import_graph()
+    g.add_edge("slimcaching.latency", "slimcaching.problem")
+    assert any("slimcaching.latency" in c for c in nx.simple_cycles(g))
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function is for an optional extra or a measured start-up cost; a comment
+    on its line or the line above says which (``optional extra`` / ``start-up``)."""
+    bad = []
+    for path in MODULES.values():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    here = " ".join(lines[max(node.lineno - 3, 0):node.end_lineno]).lower()
+                    if "optional extra" not in here and "start-up" not in here:
+                        bad.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not bad, f"{len(bad)} imports inside functions without a reason: " + ", ".join(sorted(set(bad))[:40])
+
+
+def test_public_functions_and_classes_have_docstrings():
+    missing = []
+    for name, path in MODULES.items():
+        if name.startswith("slimcaching.cli"):  # typer takes the command docstrings as help (tested there)
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                if not ast.get_docstring(node):
+                    missing.append(f"{name}.{node.name}")
+    assert not missing, "no docstring: " + ", ".join(missing)
+
+
+def test_cli_modules_stay_thin():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "cli").glob("*.py")}
+    assert sizes and max(sizes.values()) <= 250, sizes
