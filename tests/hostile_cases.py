@@ -14,12 +14,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from helpers import tiny_scenario_dict
 
@@ -61,6 +66,8 @@ class Case:
     needle: str | None = None  # a substring the error line must contain
     subprocess: bool = False  # could hang or eat memory without the fix: run it in a child process
     timeout: float = 60.0
+    env: dict = field(default_factory=dict)  # environment variables for the run
+    special: str | None = None  # "fifo:NAME": NAME is made a FIFO before the run
 
 
 def _nest(depth: int) -> str:
@@ -73,6 +80,63 @@ def _yaml_bomb() -> str:
         prev = "a" if i == 0 else "bcdefghi"[i - 1]
         lines.append(f"{name}: &{name} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]")
     return "\n".join(lines) + "\n"
+
+
+def _safetensors(tensors: dict, header_patch: dict | None = None, truncate: int = 0) -> bytes:
+    """A safetensors file written by hand (no torch): name -> (dtype, shape), zero data."""
+    size = {"F32": 4, "BF16": 2}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype] * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    for name, patch in (header_patch or {}).items():
+        header[name].update(patch)
+    raw = json.dumps(header).encode()
+    data = struct.pack("<Q", len(raw)) + raw + b"\0" * offset
+    return data[: len(data) - truncate] if truncate else data
+
+
+def _model_dir(config: dict | None = None, header_patch: dict | None = None, truncate: int = 0,
+               config_bytes: bytes | None = None) -> dict:
+    """Files of a tiny MoE model directory (2 layers, 4 experts, hidden 8), made without torch."""
+    cfg = {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "hidden_size": 8,
+           "num_hidden_layers": 2, "tie_word_embeddings": False}
+    cfg.update(config or {})
+    tensors = {"model.embed_tokens.weight": ("F32", (16, 8)), "lm_head.weight": ("F32", (16, 8))}
+    for layer in range(2):
+        tensors[f"model.layers.{layer}.mlp.gate.weight"] = ("F32", (4, 8))
+        for e in range(4):
+            for w, shape in (("w1", (6, 8)), ("w3", (6, 8)), ("w2", (8, 6))):
+                tensors[f"model.layers.{layer}.mlp.experts.{e}.{w}.weight"] = ("F32", shape)
+    return {"m/config.json": config_bytes if config_bytes is not None else json.dumps(cfg),
+            "m/model.safetensors": _safetensors(tensors, header_patch, truncate),
+            "sc.yaml": ("models: [{name: m, hf: m}]\ncloud: {flops: 1 TFLOPS}\nservers: [{name: e0, capacity_bytes: "
+                        "1 MB, flops: 1 TFLOPS, cloud_rate_bps: 1 Gbit/s, cloud_rtt_s: 10 ms}]\nprofiles: {p: "
+                        "{synthetic: {model: m, task: sqa, tokens: 100}}}\nusers: [{name: u, home: e0, uplink_bps: "
+                        "1 Mbit/s, downlink_bps: 1 Mbit/s, rtt_s: 1 ms, flops: 1 TFLOPS, workload: [{model: m, "
+                        "weight: 1, profile: p}]}]\n")}
+
+
+def _npz_bomb() -> bytes:
+    """An .npz whose member's header claims 300 million entries but holds none (nothing to load)."""
+    buf = io.BytesIO()
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False,
+                                                  "shape": (100_000_000, 3)})
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("sets.npy", header.getvalue())
+        for k, arr in (("counts", np.array([1])), ("probs", np.array([1.0])), ("model", np.array("m"))):
+            b = io.BytesIO()
+            np.save(b, arr)
+            zf.writestr(f"{k}.npy", b.getvalue())
+    return buf.getvalue()
+
+
+def _profile(**layer0) -> dict:
+    lay = {"sets": [[0, 1], [1, 2]], "probs": [0.5, 0.5]}
+    lay.update(layer0)
+    return {"model": MODEL, "layers": [lay, {"sets": [[0, 1]], "probs": [1.0]}]}
 
 
 def cases() -> list[Case]:
@@ -257,6 +321,78 @@ def cases() -> list[Case]:
               "profiles__m0/t0__layers", "profiles__m0/t0__model", "cloud"):
         C.append(Case(f"missing/{f.replace('__', '.')}", ["validate", "{d}/sc.json"],
                       {"sc.json": _scenario(**{f: _DELETE})}))
+    # ---- files (security issue): only regular files, sizes before reading, no traceback ---------------
+    C.append(Case("files/yaml-recursive-alias", ["validate", "{d}/sc.yaml"], {"sc.yaml": "x: &a [*a]\n"},
+                  subprocess=True, timeout=30, needle="alias"))
+    C.append(Case("files/yaml-recursive-alias-map", ["validate", "{d}/sc.yaml"], {"sc.yaml": "x: &a {y: *a}\n"},
+                  subprocess=True, timeout=30, needle="alias"))
+    C.append(Case("files/dev-zero", ["validate", "/dev/zero"], {}, subprocess=True, timeout=30,
+                  needle="regular file"))
+    C.append(Case("files/fifo-input", ["validate", "{d}/fifo.yaml"], {}, special="fifo:fifo.yaml",
+                  subprocess=True, timeout=30, needle="regular file"))
+    C.append(Case("files/fifo-output", ["export", "{d}/sc.json", "-o", "{d}/out.fifo"], sc, special="fifo:out.fifo",
+                  subprocess=True, timeout=30, needle="not a regular file"))
+    C.append(Case("files/output-device", ["export", "{d}/sc.json", "-o", "/dev/null"], sc, needle="regular file"))
+    C.append(Case("files/too-big", ["validate", "{d}/sc.json"], sc, env={"SLIMCACHING_LIMIT_FILE_BYTES": "100"},
+                  needle="FILE_BYTES"))
+    C.append(Case("files/limit-inf", ["validate", "{d}/sc.json"], sc, env={"SLIMCACHING_LIMIT_USERS": "inf"},
+                  needle="SLIMCACHING_LIMIT_USERS"))
+    C.append(Case("files/limit-text", ["validate", "{d}/sc.json"], sc, env={"SLIMCACHING_LIMIT_USERS": "many"},
+                  needle="SLIMCACHING_LIMIT_USERS"))
+    C.append(Case("files/npz-bomb", ["profile-stats", "{d}/p.npz"], {"p.npz": _npz_bomb()}, subprocess=True,
+                  needle="limit"))
+    big = "9" * 5000
+    C.append(Case("files/yaml-5000-digits", ["validate", "{d}/sc.yaml"],
+                  {"sc.yaml": f"models: [{{name: m, layers: {big}}}]\n"}))
+    C.append(Case("files/json-5000-digits", ["validate", "{d}/sc.json"],
+                  {"sc.json": json.dumps(BASE)[:-1] + f', "x": {big}}}'}))
+    C.append(Case("files/toml-5000-digits", ["validate", "{d}/sc.toml"], {"sc.toml": f"x = {big}\n"}))
+    C.append(Case("files/ansi-name", ["validate", "{d}/sc.json"],
+                  {"sc.json": _scenario(servers__0__name="s\x1b]0;pwned\x07")}, needle="control characters"))
+    C.append(Case("files/ansi-profile-model", ["profile-stats", "{d}/p.json"],
+                  {"p.json": dict(_profile(), model="m\x1b[31m")}, needle="control characters"))
+    for name, prof in {"probs-sum-5": _profile(probs=[2.5, 2.5]), "probs-negative": _profile(probs=[1.5, -0.5]),
+                       "expert-minus-1": _profile(sets=[[-1, 1], [1, 2]]),
+                       "set-repeats-expert": _profile(sets=[[1, 1], [1, 2]])}.items():
+        for cmd in (["profile-stats", "{d}/p.json"], ["profile-fit", "{d}/p.json"],
+                    ["profile-stats", "{d}/ok.json", "--compare", "{d}/p.json"]):
+            C.append(Case(f"files/{cmd[0]}-{name}{'-compare' if len(cmd) > 2 else ''}", cmd,
+                          {"p.json": prof, "ok.json": _profile()}))
+    C.append(Case("files/profile-not-utf8", ["profile-stats", "{d}/p.json"], {"p.json": b'{"model": "\xff"}'}))
+    C.append(Case("files/trace-minus-1", ["profile-from-trace", "{d}/t.npy", "--model", MODEL, "-o", "{d}/o.json"],
+                  {"t.npy": _npy(np.array([[[0, 1]], [[-1, 2]]]))}))
+    C.append(Case("files/trace-object", ["profile-from-trace", "{d}/t.npy", "--model", MODEL, "-o", "{d}/o.json"],
+                  {"t.npy": _npy(np.array([[["a", "b"]]], dtype=object), allow_pickle=True)}))
+    C.append(Case("files/trace-huge-header", ["profile-from-trace", "{d}/t.npy", "--model", MODEL, "-o",
+                                              "{d}/o.json"], {"t.npy": _npy_header_only((10**9, 2, 2))},
+                  subprocess=True, needle="limit"))
+    C.append(Case("files/prompts-not-utf8", ["profile", "{d}/m", "--prompts", "{d}/p.txt", "-o", "{d}/o.json"],
+                  dict(_model_dir(), **{"p.txt": b"hello \xff\n"}), needle="UTF-8"))
+    C.append(Case("files/report-md-not-utf8", ["report", "{d}/r"], {"r/capacity.md": b"# \xff\xfe"},
+                  needle="UTF-8"))
+    C.append(Case("files/resume-huge-csv-field", ["experiment", "capacity", "--quick", "--out", "{d}/r",
+                                                  "--resume", "--seeds", "1", "--backend", "serial"],
+                  {"r/capacity.csv": "experiment,x\ncapacity," + "y" * 200_000 + "\n"}, needle="--resume"))
+    # model directories read by validate (config.json and safetensors headers, no torch)
+    C.append(Case("model/ok", ["validate", "{d}/sc.yaml"], _model_dir(), expect="ok"))
+    for name, files in {
+        "experts-8.5": _model_dir({"num_local_experts": 8.5}),
+        "experts-bool": _model_dir({"num_local_experts": True}),
+        "experts-wrong": _model_dir({"num_local_experts": 8}),
+        "hidden-1e12": _model_dir({"hidden_size": 10**12}),
+        "top-k-over": _model_dir({"num_experts_per_tok": 9}),
+        "config-not-utf8": _model_dir(config_bytes=b'{"model_type": "\xff"}'),
+        "config-5000-digits": _model_dir(config_bytes=b'{"hidden_size": ' + b"9" * 5000 + b"}"),
+        "config-list": _model_dir(config_bytes=b"[1, 2]"),
+        "negative-shape": _model_dir(header_patch={"model.layers.0.mlp.experts.0.w1.weight": {"shape": [-6, 8]}}),
+        "float-shape": _model_dir(header_patch={"model.layers.0.mlp.experts.0.w1.weight": {"shape": [6.5, 8]}}),
+        "bad-dtype": _model_dir(header_patch={"model.layers.0.mlp.experts.0.w1.weight": {"dtype": "Q7"}}),
+        "offsets-beyond": _model_dir(header_patch={"lm_head.weight": {"data_offsets": [0, 10**9]}}),
+        "truncated-data": _model_dir(truncate=100),
+        "header-garbage": dict(_model_dir(), **{"m/model.safetensors": struct.pack("<Q", 4) + b"\xff\xfe{["}),
+        "header-size-beyond": dict(_model_dir(), **{"m/model.safetensors": struct.pack("<Q", 10**6) + b"{}"}),
+    }.items():
+        C.append(Case(f"model/{name}", ["validate", "{d}/sc.yaml"], files))
     # ---- things that must keep working ------------------------------------------------------------------
     C.append(Case("ok/validate", ["validate", "{d}/sc.json"], sc, expect="ok"))
     C.append(Case("ok/solve-evaluate", ["solve", "{d}/sc.json", "-a", "lfu", "-o", "{d}/pl.json"], sc, expect="ok"))
@@ -268,6 +404,18 @@ def cases() -> list[Case]:
     return C
 
 
+def _npy(arr, allow_pickle: bool = False) -> bytes:
+    b = io.BytesIO()
+    np.save(b, arr, allow_pickle=allow_pickle)
+    return b.getvalue()
+
+
+def _npy_header_only(shape) -> bytes:
+    b = io.BytesIO()
+    np.lib.format.write_array_header_1_0(b, {"descr": "<i8", "fortran_order": False, "shape": shape})
+    return b.getvalue()
+
+
 @dataclass
 class Outcome:
     kind: str
@@ -276,7 +424,9 @@ class Outcome:
     seconds: float
 
 
-def _write(d: Path, files: dict) -> None:
+def _write(d: Path, files: dict, special: str | None = None) -> None:
+    if special and special.startswith("fifo:"):
+        os.mkfifo(d / special[5:])
     for name, content in files.items():
         p = d / name
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -317,12 +467,14 @@ def classify(case: Case, code: int | None, stderr: str, before: set[str], after:
 def run_in_process(case: Case, d: Path) -> Outcome:
     from slimcaching.cli import main
 
-    _write(d, case.files)
+    _write(d, case.files, case.special)
     before = _snapshot(d)
     argv = [a.replace("{d}", str(d)) for a in case.argv]
     err = io.StringIO()
     t0 = time.time()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    saved = {k: os.environ.get(k) for k in case.env}
+    os.environ.update(case.env)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), _restore(saved):
         try:
             code = main(argv)
         except BaseException:  # what escapes main is a traceback for the user
@@ -334,8 +486,20 @@ def run_in_process(case: Case, d: Path) -> Outcome:
     return classify(case, code, err.getvalue(), before, after, time.time() - t0)
 
 
+@contextlib.contextmanager
+def _restore(saved: dict):
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_in_subprocess(case: Case, d: Path, memory_bytes: int = 4 << 30) -> Outcome:
-    _write(d, case.files)
+    _write(d, case.files, case.special)
     before = _snapshot(d)
     argv = [a.replace("{d}", str(d)) for a in case.argv]
 
@@ -344,7 +508,7 @@ def run_in_subprocess(case: Case, d: Path, memory_bytes: int = 4 << 30) -> Outco
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
-    env = dict(os.environ, COLUMNS="80")
+    env = dict(os.environ, COLUMNS="80", **case.env)
     t0 = time.time()
     try:
         p = subprocess.run([sys.executable, "-m", "slimcaching.cli", *argv], capture_output=True, text=True,

@@ -27,3 +27,19 @@ class ScenarioError(ValueError):
         new.args = (field + str(self)[len(self.field):],)
         new.field = field
         return new
+
+
+CONTROL_CHARACTERS = "control characters are not allowed in names"
+
+
+def has_control_characters(value: object) -> bool:
+    """True for text with C0/C1 control characters: they would reach a terminal raw (ANSI and OSC
+    escape sequences), so names may not have them."""
+    return isinstance(value, str) and any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
+
+
+def printable(value: str, field: str) -> str:
+    """``value`` if :func:`has_control_characters` is false; else a :class:`ScenarioError` naming ``field``."""
+    if has_control_characters(value):
+        raise ScenarioError(field, CONTROL_CHARACTERS, value)
+    return value

@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
+import stat
 import tempfile
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ def check_target(path: str | Path, field: str = "output") -> Path:
     p = Path(raw)
     if p.is_dir():
         raise ScenarioError(field, "is a directory, expected a file", raw)
+    if p.exists() and not p.is_file():  # a FIFO or device: renaming over it would replace it
+        raise ScenarioError(field, "exists and is not a regular file", raw)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.exists():
         raise ScenarioError(field, "directory does not exist", str(parent))
@@ -152,12 +157,96 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number in strict JSON")
 
 
-def read_text(path: Path, what: str) -> str:
+def input_file(path: str | Path, what: str) -> Path:
+    """``path`` as an input file: it exists, is a regular file (never a FIFO, device, socket or
+    directory, which could hang or never end) and holds at most the ``file_bytes`` limit."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ScenarioError(what, "file not found", str(p)) from None
+    except OSError as exc:
+        raise ScenarioError(what, f"cannot read it ({exc.strerror})", str(p)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(what, "is a directory, expected a file", str(p))
+    if not stat.S_ISREG(st.st_mode):
+        raise ScenarioError(what, "not a regular file (a FIFO, device or socket?)", str(p))
+    cap = limit("file_bytes")
+    if st.st_size > cap:
+        raise ScenarioError(what, f"{p}: {st.st_size:,} bytes exceeds the limit of {cap:,} "
+                            "(raise SLIMCACHING_LIMIT_FILE_BYTES if this is meant)")
+    return p
+
+
+def read_input_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of an input file (see :func:`input_file`); a file that grows past the limit while
+    it is read is refused too."""
+    p = input_file(path, what)
+    cap = limit("file_bytes")
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(cap + 1)
+    except OSError as exc:
+        raise ScenarioError(what, f"cannot read it ({exc.strerror})", str(p)) from None
+    if len(data) > cap:
+        raise ScenarioError(what, f"{p}: more than {cap:,} bytes (raise SLIMCACHING_LIMIT_FILE_BYTES if this is "
+                            "meant)")
+    return data
+
+
+def read_text(path: str | Path, what: str) -> str:
     """The file's text; bytes that are not UTF-8 are one error naming ``what`` and the offset."""
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_input_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(what, f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def npy_header(fh, what: str, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of the ``.npy`` data at ``fh`` from its header alone (nothing is loaded);
+    object arrays are refused."""
+    try:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(fh)
+    except Exception as exc:  # numpy's header parser raises many types (tokenize, ast, ...): all mean "not numpy"
+        raise ScenarioError(what, f"{name}: not a numpy array ({type(exc).__name__})") from None
+    if dtype.hasobject:
+        raise ScenarioError(what, f"{name}: object arrays are not read")
+    return tuple(int(s) for s in shape), dtype
+
+
+def npz_headers(path: str | Path, what: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Array name -> (shape, dtype) of an ``.npz`` file, from the members' headers only, so a
+    small file that would expand to billions of entries is refused before anything is loaded."""
+    p = input_file(path, what)
+    out = {}
+    try:
+        with zipfile.ZipFile(p) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ScenarioError(what, f"{p}: member {info.filename[:60]!r} is not an array")
+                with zf.open(info) as fh:
+                    out[info.filename[:-4]] = npy_header(fh, what, f"{p}: {info.filename[:60]}")
+    except ScenarioError:
+        raise
+    except Exception as exc:  # zipfile and zlib raise many types on a damaged archive: all one user error
+        raise ScenarioError(what, f"{p}: not an npz archive ({type(exc).__name__})") from None
+    return out
+
+
+def load_npz(path: str | Path, what: str, max_entries: int) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, after :func:`npz_headers` showed at most ``max_entries``
+    entries in all (no pickles)."""
+    headers = npz_headers(path, what)
+    total = sum(math.prod(shape) for shape, _ in headers.values())
+    if total > max_entries:
+        raise ScenarioError(what, f"{path}: arrays of {total:,} entries exceed the limit of {max_entries:,}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as exc:  # a damaged archive fails in zipfile, zlib or numpy: all one user error
+        raise ScenarioError(what, f"{path}: unreadable npz ({type(exc).__name__}: {str(exc)[:60]})") from None
 
 
 def parse_json(text: str, path: Path, what: str) -> Any:
@@ -198,9 +287,15 @@ def _yaml_loader():
     return Loader
 
 
+class _RecursiveAlias(ValueError):
+    pass
+
+
 def _expanded_size(node, limit: int) -> int:
-    """Values a YAML node graph stands for once aliases are expanded (stops past ``limit``)."""
+    """Values a YAML node graph stands for once aliases are expanded (stops past ``limit``);
+    a node that contains itself (``x: &a [*a]``) raises :class:`_RecursiveAlias`."""
     memo: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the current path: meeting one again is a cycle
     stack = [(node, False)]
     while stack:
         n, done = stack.pop()
@@ -213,11 +308,19 @@ def _expanded_size(node, limit: int) -> int:
             children = [c for kv in n.value for c in kv]
         if done or not children:
             memo[id(n)] = 1 + sum(memo[id(c)] for c in children)
+            open_nodes.discard(id(n))
             if memo[id(n)] > limit:
                 return memo[id(n)]
             continue
+        if id(n) in open_nodes:
+            raise _RecursiveAlias(getattr(n.start_mark, "line", 0) + 1)
+        open_nodes.add(id(n))
         stack.append((n, True))
-        stack.extend((c, False) for c in children if id(c) not in memo)
+        for c in children:
+            if id(c) in open_nodes:
+                raise _RecursiveAlias(c.start_mark.line + 1)
+            if id(c) not in memo:
+                stack.append((c, False))
     return memo[id(node)]
 
 
@@ -241,8 +344,12 @@ def parse_yaml(text: str, path: Path, what: str) -> Any:
         raise ScenarioError(what, f"{path}: invalid YAML: {problem}{at}") from None
     except _DuplicateKey as exc:
         raise ScenarioError(what, f"{path}: duplicate key {str(exc)[:100]}") from None
+    except _RecursiveAlias as exc:
+        raise ScenarioError(what, f"{path}: an alias refers to a node that contains it (line {exc})") from None
     except RecursionError:
         raise ScenarioError(what, f"{path}: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise ScenarioError(what, f"{path}: invalid YAML value ({str(exc)[:80]})") from None
     finally:
         loader.dispose()
 
@@ -250,10 +357,6 @@ def parse_yaml(text: str, path: Path, what: str) -> Any:
 def read_data_file(path: str | Path) -> dict:
     """Read a YAML, TOML or JSON mapping; errors name the file and the position."""
     path = Path(path)
-    if not path.exists():
-        raise ScenarioError("scenario", "file not found", str(path))
-    if path.is_dir():
-        raise ScenarioError("scenario", "is a directory, expected a file", str(path))
     text = read_text(path, "scenario")
     suffix = path.suffix.lower()
     if suffix == ".toml":
@@ -263,6 +366,8 @@ def read_data_file(path: str | Path) -> dict:
             raise ScenarioError("scenario", f"{path}: invalid TOML: {exc}") from None
         except RecursionError:
             raise ScenarioError("scenario", f"{path}: nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer of thousands of digits
+            raise ScenarioError("scenario", f"{path}: invalid TOML value ({str(exc)[:80]})") from None
     elif suffix == ".json":
         data = parse_json(text, path, "scenario")
     else:

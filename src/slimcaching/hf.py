@@ -27,8 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
-from slimcaching.fileio import atomic_output
+from slimcaching.fileio import atomic_output, input_file, load_npz, read_text
+from slimcaching.limits import check
+from slimcaching.model_dir import read_checkpoint
 from slimcaching.profiles import LayerProfile, Profile
+
+TRACE_ENTRIES = 64 * 10_000_000  # expert ids a trace may hold (64 x the simulate_tokens default)
 
 FAMILIES = {
     "mixtral": "Mixtral", "qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE", "olmoe": "OLMoE",
@@ -68,12 +72,32 @@ class RoutingTrace:
             np.savez_compressed(fh, **arrays)
 
     @classmethod
-    def load(cls, path: str | Path) -> RoutingTrace:
-        z = np.load(path, allow_pickle=False)
-        names = [str(s) for s in z["layer_names"]]
-        return cls(names, [z[f"experts_{i}"].astype(np.int64) for i in range(len(names))],
-                   [z[f"phase_{i}"] for i in range(len(names))], int(z["num_experts"]), int(z["top_k"]),
-                   json.loads(str(z["meta"])))
+    def load(cls, path: str | Path, where: str = "trace") -> RoutingTrace:
+        """A ``.trace.npz`` written by :meth:`save`; sizes checked from the headers before loading,
+        then every array's shape and range."""
+        z = load_npz(path, where, max_entries=TRACE_ENTRIES * 2)
+        try:
+            names = [str(s) for s in z["layer_names"].reshape(-1)]
+            num_experts, top_k = int(z["num_experts"]), int(z["top_k"])
+            experts = [z[f"experts_{i}"].astype(np.int64) for i in range(len(names))]
+            phase = [z[f"phase_{i}"].astype(np.int8) for i in range(len(names))]
+            meta = json.loads(str(z["meta"]))
+        except KeyError as exc:
+            raise ScenarioError(where, f"not a slimcaching routing trace (missing {exc})", str(path)) from None
+        except (ValueError, TypeError, OverflowError, json.JSONDecodeError) as exc:
+            raise ScenarioError(where, f"not a slimcaching routing trace ({str(exc)[:80]})", str(path)) from None
+        if not 1 <= top_k <= num_experts or not isinstance(meta, dict):
+            raise ScenarioError(where, "not a slimcaching routing trace (num_experts, top_k, meta)", str(path))
+        for i, (e, p) in enumerate(zip(experts, phase)):
+            if e.ndim != 2 or e.shape[1] != top_k or p.shape != (e.shape[0],):
+                raise ScenarioError(where, f"layer {i}: expected ({len(p)}, {top_k}) expert ids and one phase per "
+                                    "token", [list(e.shape), list(p.shape)])
+            if e.size and (e.min() < 0 or e.max() >= num_experts):
+                raise ScenarioError(where, f"layer {i}: expert ids must be in 0..{num_experts - 1}",
+                                    int(e.min() if e.min() < 0 else e.max()))
+            if p.size and (p.min() < 0 or p.max() > 1):
+                raise ScenarioError(where, f"layer {i}: phases must be 0 (prefill) or 1 (decode)")
+        return cls(names, experts, phase, num_experts, top_k, meta)
 
     def to_profile(self, model: str, phases: tuple[int, ...] = (0, 1)) -> Profile:
         layers = []
@@ -184,6 +208,8 @@ class RoutingRecorder:
 def prompt_texts(prompts: str | Path | None, prompt: list[str] | None) -> list[str]:
     """The texts of ``prompt`` then of a prompts file (see :func:`read_prompts`); at least one."""
     texts = list(prompt or [])
+    for i, t in enumerate(texts):
+        check("prompt_chars", len(t), f"--prompt[{i}]", "characters")
     if prompts is not None:
         texts += [p["text"] for p in read_prompts(prompts)]
     if not texts:
@@ -194,10 +220,8 @@ def prompt_texts(prompts: str | Path | None, prompt: list[str] | None) -> list[s
 def read_prompts(path: str | Path, text_field: str = "text") -> list[dict]:
     """Plain text (one prompt per non-empty line) or JSONL (objects with ``text_field``, optional 'image')."""
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError("prompts", "file not found", str(path))
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(path, "prompts").splitlines(), 1):
         if not line.strip():
             continue
         if path.suffix in (".jsonl", ".json"):
@@ -207,9 +231,12 @@ def read_prompts(path: str | Path, text_field: str = "text") -> list[dict]:
                 raise ScenarioError(f"prompts line {n}", f"invalid JSON ({exc.msg})") from None
             if not isinstance(obj, dict) or text_field not in obj:
                 raise ScenarioError(f"prompts line {n}", f"needs a {text_field!r} field")
-            out.append({"text": str(obj[text_field]), "image": obj.get("image")})
+            if not isinstance(obj[text_field], str) or not isinstance(obj.get("image", ""), (str, type(None))):
+                raise ScenarioError(f"prompts line {n}", f"{text_field!r} and 'image' must be text")
+            out.append({"text": obj[text_field], "image": obj.get("image")})
         else:
             out.append({"text": line, "image": None})
+        check("prompt_chars", len(out[-1]["text"]), f"prompts line {n}", "characters")
     if not out:
         raise ScenarioError("prompts", "no prompts in the file", str(path))
     return out
@@ -222,6 +249,8 @@ def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
     looks_local = model_id.startswith((".", "/", "~")) or (local.parent != Path(".") and local.parent.exists())
     if looks_local and not local.is_dir():  # a path, not a hub id: say so instead of a hub error
         raise ScenarioError("model", "directory not found", model_id)
+    if local.is_dir() and any(local.glob("*.safetensors")):  # headers checked before transformers reads them
+        read_checkpoint(local)
     import torch  # optional extra (hf)
     from transformers import AutoConfig  # optional extra (hf)
 
@@ -337,10 +366,11 @@ def _vl_inputs(image_processor, tok, batch) -> dict:
     for p in batch:
         content = []
         if p["image"]:
-            path = Path(p["image"])
-            if not path.is_file():
-                raise ScenarioError("prompts image", "file not found", str(path))
-            images.append(Image.open(path).convert("RGB"))
+            path = input_file(p["image"], "prompts image")
+            try:
+                images.append(Image.open(path).convert("RGB"))
+            except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                raise ScenarioError("prompts image", f"not an image ({type(exc).__name__})", str(path)) from None
             content.append({"type": "image"})
         content.append({"type": "text", "text": p["text"]})
         if getattr(tok, "chat_template", None):

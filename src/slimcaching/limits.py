@@ -7,6 +7,7 @@ Each limit can be raised for a run through an environment variable ``SLIMCACHING
 
 from __future__ import annotations
 
+import math
 import os
 
 from slimcaching.errors import ScenarioError
@@ -21,6 +22,14 @@ DEFAULTS = {
     "simulate_tokens": 50_000_000,  # tokens x layers drawn by simulate
     "yaml_values": 5_000_000,  # values a YAML file stands for once aliases are expanded
     "servers": 100_000,
+    "file_bytes": 1 << 30,  # bytes of one input file, checked before it is read
+    # the runtime (docs/runtime.md, "Security"): what one peer can make a node or device hold
+    "request_rows": 8_192,  # hidden-state rows (tokens) in one run request; caps ZeroMQ's message size too
+    "in_flight_per_peer": 64,  # requests one device or node (one connection, without keys) may have at a node
+    "in_flight": 4_096,  # requests a node holds at once, over all connections
+    "in_flight_bytes": 256 << 20,  # bytes of hidden states a node holds at once, over all connections
+    "connections": 1_024,  # connections a node accepts at once
+    "prompt_chars": 1_000_000,  # characters of one prompt, checked before it is tokenised
 }
 
 
@@ -29,9 +38,13 @@ def limit(name: str) -> int:
     env = os.environ.get(f"SLIMCACHING_LIMIT_{name.upper()}")
     if env:
         try:
-            return int(float(env))
+            value = float(env)
         except ValueError:
-            raise ScenarioError(f"SLIMCACHING_LIMIT_{name.upper()}", "expected a number", env) from None
+            value = float("nan")
+        if not math.isfinite(value) or value < 1 or value > 2**62:
+            raise ScenarioError(f"SLIMCACHING_LIMIT_{name.upper()}", "expected a whole number from 1 to 2**62",
+                                env[:40])
+        return int(value)
     return DEFAULTS[name]
 
 

@@ -7,9 +7,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
-from slimcaching.errors import ScenarioError
+from slimcaching.errors import CONTROL_CHARACTERS, ScenarioError, has_control_characters
 from slimcaching.fileio import read_json_text
 from slimcaching.problem import Problem
 from slimcaching.scenario import pydantic_error
@@ -56,6 +66,12 @@ class Placement:
 
 
 _Item = tuple[StrictStr, StrictInt, StrictInt]
+
+
+def _printable(v: str) -> str:
+    if has_control_characters(v):
+        raise ValueError(CONTROL_CHARACTERS)
+    return v
 _Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 
@@ -65,7 +81,7 @@ class PlacementIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["slimcaching/placement@1"]
-    algorithm: StrictStr = "manual"
+    algorithm: Annotated[StrictStr, AfterValidator(_printable)] = "manual"
     params: dict[StrictStr, Any] = Field(default_factory=dict)
     latency_model: Literal["slimcaching", "u-shaped", "u-shaped-partial", "hybrid"] = "slimcaching"
     edge: dict[StrictStr, list[_Item]]

@@ -9,14 +9,16 @@ router simulator :func:`synthetic_profile`.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from slimcaching.errors import ScenarioError
-from slimcaching.fileio import atomic_output, atomic_write
+from slimcaching.errors import ScenarioError, printable
+from slimcaching.fileio import atomic_output, atomic_write, load_npz, npz_headers, parse_json, read_text
+from slimcaching.limits import check, limit
 
 PROB_TOLERANCE = 1e-6
 
@@ -147,29 +149,53 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path, where: str = "profile") -> Profile:
+        """A profile file (``.json`` or ``.npz``), checked on its own (:meth:`check`); sizes are
+        checked against the ``profile_sets`` limit before anything large is built."""
         path = Path(path)
-        if not path.is_file():
-            raise ScenarioError(where, "profile file not found", str(path))
         if path.suffix == ".json":
+            data = parse_json(read_text(path, where), path, where)
+            if isinstance(data, dict) and isinstance(data.get("layers"), list):
+                sets = sum(len(lp["sets"]) for lp in data["layers"] if isinstance(lp, dict)
+                           and isinstance(lp.get("sets"), list))
+                check("profile_sets", sets, f"{where}.layers", "co-activation sets")
+            prof = cls.from_dict(data, where)
+        elif path.suffix == ".npz":
+            headers = npz_headers(path, where)
+            missing = [k for k in ("counts", "sets", "probs", "model") if k not in headers]
+            if missing:
+                raise ScenarioError(where, f"{path} is not a slimcaching profile npz (no {missing[0]!r})")
+            check("profile_sets", headers["sets"][0][0] if headers["sets"][0] else 0, f"{where}.sets",
+                  "co-activation sets")
+            check("layers", math.prod(headers["counts"][0]), f"{where}.counts", "layers")
+            z = load_npz(path, where, max_entries=(limit("profile_sets") + 1) * 66 + limit("layers"))
             try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise ScenarioError(where, f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-            return cls.from_dict(data, where)
-        if path.suffix == ".npz":
-            try:
-                z = np.load(path, allow_pickle=False)
-                counts = z["counts"]
+                counts = z["counts"].astype(np.int64).reshape(-1)
                 sets = z["sets"].astype(np.int64)
-                probs = z["probs"]
+                probs = z["probs"].astype(np.float64).reshape(-1)
                 model = str(z["model"])
                 meta = json.loads(str(z["meta"])) if "meta" in z else {}
-            except Exception as exc:  # noqa: BLE001 - any unreadable npz is the same user error
-                raise ScenarioError(where, f"{path} is not a slimcaching profile npz ({exc})") from None
+            except (ValueError, TypeError, json.JSONDecodeError) as exc:
+                raise ScenarioError(where, f"{path} is not a slimcaching profile npz ({str(exc)[:80]})") from None
+            if sets.ndim != 2 or (counts < 0).any() or int(counts.sum()) != len(sets) or len(probs) != len(sets):
+                raise ScenarioError(where, f"{path}: counts, sets and probs do not fit together")
             bounds = np.concatenate([[0], np.cumsum(counts)])
             layers = [LayerProfile(sets[a:b], probs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-            return cls(model, layers, meta)
-        raise ScenarioError(where, "profile files end in .json or .npz", str(path))
+            prof = cls(model, layers, meta if isinstance(meta, dict) else {})
+        else:
+            raise ScenarioError(where, "profile files end in .json or .npz", str(path))
+        prof.check(where)
+        return prof
+
+    def check(self, where: str = "profile") -> None:
+        """The checks of :meth:`validate` that need no model: every layer's sets of one size K
+        (the same in every layer), expert ids >= 0, distinct and sorted, probabilities finite,
+        non-negative, summing to 1."""
+        printable(self.model, f"{where}.model")
+        if not self.layers:
+            raise ScenarioError(f"{where}.layers", "a profile needs at least one layer")
+        k = self.layers[0].sets.shape[1] if self.layers[0].sets.ndim == 2 else 0
+        top = max((int(lp.sets.max()) for lp in self.layers if lp.sets.size), default=0)
+        self.validate(len(self.layers), max(top + 1, 1), max(k, 1), where)
 
 
 def profile_from_trace(trace: np.ndarray, model: str, meta: dict | None = None) -> Profile:

@@ -9,13 +9,15 @@ T-bar; percentiles show the spread the mean hides.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from slimcaching.architectures import CLOUD, SLIM, pair_options, per_class_problem, profile_sets, serve
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import RoutingTrace
+from slimcaching.fileio import input_file, npy_header
+from slimcaching.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.problem import Problem
 
 
@@ -117,18 +119,17 @@ def load_trace_array(path) -> np.ndarray:
 
 
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError("trace", "file not found", str(path))
     if path.suffix == ".npy":
+        with open(input_file(path, "trace"), "rb") as fh:
+            shape, dtype = npy_header(fh, "trace", str(path))
+        if math.prod(shape) > TRACE_ENTRIES:
+            raise ScenarioError("trace", f"{path}: {math.prod(shape):,} entries exceed the limit of {TRACE_ENTRIES:,}")
         try:
             arr = np.load(path, allow_pickle=False)
-        except ValueError as exc:
-            raise ScenarioError("trace", f"not a numpy array file ({exc})", str(path)) from None
+        except Exception as exc:  # numpy raises many types on a damaged file: all one user error
+            raise ScenarioError("trace", f"not a numpy array file ({type(exc).__name__})", str(path)) from None
     elif path.suffix == ".npz":
-        try:
-            tr = RoutingTrace.load(path)
-        except KeyError as exc:
-            raise ScenarioError("trace", f"not a slimcaching routing trace (missing {exc})", str(path)) from None
+        tr = RoutingTrace.load(path)
         lengths = {len(e) for e in tr.experts}
         if len(lengths) != 1:
             raise ScenarioError("trace", "its layers saw different tokens (encoder-decoder?): cannot replay "

@@ -44,7 +44,7 @@ def experiment(
     if scenario is not None:
         read_scenario(scenario)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+                  console=console, disable=not console.is_terminal) as progress:  # no bar in logs and pipes
         for n in names:
             task = progress.add_task(f"{n}", total=None)
 

@@ -11,8 +11,8 @@ import typer
 from rich.progress import Progress
 
 from slimcaching.cli.common import console, flags, out, table
-from slimcaching.errors import ScenarioError
-from slimcaching.fileio import atomic_write
+from slimcaching.errors import ScenarioError, printable
+from slimcaching.fileio import atomic_write, check_target
 from slimcaching.hf import RoutingTrace, profile_model, read_prompts
 from slimcaching.profile_stats import compare, fit_synthetic, layer_stats, summary_stats
 from slimcaching.profile_stats import heatmap as draw
@@ -82,18 +82,15 @@ def profile_from_trace_cmd(
     """Count a raw routing trace into a co-activation profile."""
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
-    if not trace_file.is_file():
-        raise ScenarioError("trace", "file not found", str(trace_file))
+    printable(model, "--model")
+    check_target(output, "--output")
     if trace_file.suffix == ".npy":
-        with flags(trace="--trace"):
-            prof = profile_from_trace(load_trace_array(trace_file), model, {"source": trace_file.name})
+        prof = profile_from_trace(load_trace_array(trace_file), model, {"source": trace_file.name})
     elif trace_file.suffix == ".npz":
-        try:
-            prof = RoutingTrace.load(trace_file).to_profile(model)
-        except KeyError as exc:
-            raise ScenarioError("trace", f"not a slimcaching routing trace (missing {exc})", str(trace_file)) from None
+        prof = RoutingTrace.load(trace_file).to_profile(model)
     else:
         raise ScenarioError("trace", "expected a .npy or .npz file", str(trace_file))
+    prof.check("trace")  # a trace whose rows repeat an expert or hold negative ids is no routing
     prof.save(output)
     console.print(f"wrote {output}: {len(prof.layers)} layers, K={prof.layers[0].sets.shape[1]}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import math
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
 from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
 from slimcaching.figures import pyplot, save_figure
-from slimcaching.fileio import atomic_write
+from slimcaching.fileio import atomic_write, read_input_bytes, read_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_scenario
@@ -29,8 +30,10 @@ STYLE = {"slimcaching": ("C0", "o"), "slimcaching-fast": ("C9", "s"), "greedy": 
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of an experiment's CSV file as dicts."""
-    with path.open() as f:
-        return list(csv.DictReader(f))
+    try:
+        return list(csv.DictReader(io.StringIO(read_text(path, "results"), newline="")))
+    except csv.Error as exc:  # e.g. a field over the csv module's size limit
+        raise ScenarioError("results", f"{path}: not a results CSV ({exc})") from None
 
 
 def aggregate(rows: list[dict], metric: str) -> dict[str, list[tuple[float, float, float, int]]]:
@@ -294,10 +297,10 @@ def write_report(directory: str | Path) -> Path:
              "<p>" + ", ".join(f"<a href='#{n}'>{n}</a>" for n in names) + "</p>"]
     for n in names:
         parts.append(f"<section id='{n}'>")
-        parts.append(_md_to_html((d / f"{n}.md").read_text()))
+        parts.append(_md_to_html(read_text(d / f"{n}.md", "report")))
         png = d / f"{n}.png"
         if png.exists():
-            b64 = base64.b64encode(png.read_bytes()).decode()
+            b64 = base64.b64encode(read_input_bytes(png, "report")).decode()
             parts.append(f"<img alt='{n}' src='data:image/png;base64,{b64}'>")
         parts.append("</section>")
     parts.append("</body></html>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import multiprocessing as mp
 import os
@@ -19,7 +20,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_breakdown
 from slimcaching.experiments.definitions import EXPERIMENTS, REGIME_TOKENS, Experiment, apply_point, x_value
 from slimcaching.experiments.plots import write_outputs
-from slimcaching.fileio import atomic_output
+from slimcaching.fileio import atomic_output, read_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.problem import build_problem
 from slimcaching.queueing import simulate_queueing
@@ -183,8 +184,8 @@ def _complete_rows(path: Path) -> list[dict]:
     """Rows of a sweep CSV that were written whole: a torn last line (power cut, kill) is dropped,
     so that point runs again on ``--resume``."""
     rows = []
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
+    try:
+        for r in csv.DictReader(io.StringIO(read_text(path, "--resume"), newline="")):
             if None in r or any(r.get(c) is None for c in COLUMNS) or r.get("experiment") is None:
                 continue
             try:
@@ -193,6 +194,8 @@ def _complete_rows(path: Path) -> list[dict]:
             except (TypeError, ValueError):
                 continue
             rows.append(r)
+    except csv.Error as exc:  # e.g. a field over the csv module's size limit
+        raise ScenarioError("--resume", f"{path}: not a results CSV of this experiment ({exc})") from None
     return rows
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from slimcaching.errors import ScenarioError
+from slimcaching.errors import CONTROL_CHARACTERS, ScenarioError, has_control_characters
 from slimcaching.units import parse_quantity
 
 SCENARIO_FORMAT = "slimcaching/scenario@1"
@@ -39,6 +39,16 @@ TokenRate = Annotated[float, _q("per_s"), Field(gt=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(strict=True, ge=1)]
 
 
+def _printable(v: Any) -> Any:
+    if has_control_characters(v):
+        raise ValueError(CONTROL_CHARACTERS)
+    return v
+
+
+Name = Annotated[str, BeforeValidator(_printable), Field(min_length=1)]  # shown on terminals: printable only
+Ref = Annotated[str, BeforeValidator(_printable)]  # a name that refers to one defined elsewhere
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -46,7 +56,7 @@ class _Strict(BaseModel):
 class ModelIn(_Strict):
     """A model: a preset, a model directory (``hf``) or explicit numbers."""
 
-    name: str = Field(min_length=1)
+    name: Name
     preset: str | None = None
     hf: str | None = Field(default=None, min_length=1)
     precision: Literal["fp32", "bf16", "fp16", "int8", "int4"] | None = None
@@ -70,7 +80,7 @@ class CloudIn(_Strict):
 class ServerIn(_Strict):
     """An edge server: storage, compute and its backhaul to the cloud."""
 
-    name: str = Field(min_length=1)
+    name: Name
     capacity_bytes: Bytes
     flops: FlopRate
     mem_bandwidth: ByteRate | None = None
@@ -81,8 +91,8 @@ class ServerIn(_Strict):
 class LinkIn(_Strict):
     """A server-to-server link."""
 
-    a: str
-    b: str
+    a: Ref
+    b: Ref
     rate_bps: BitRate
     rtt_s: Seconds
 
@@ -90,15 +100,15 @@ class LinkIn(_Strict):
 class WorkloadIn(_Strict):
     """One entry of a user's workload: a model, its weight and the profile of its routing."""
 
-    model: str
+    model: Ref
     weight: float = Field(ge=0, allow_inf_nan=False)
-    profile: str
+    profile: Ref
 
 
 class ReachIn(_Strict):
     """A server the user's radio reaches directly besides its home (docs/model.md §architectures)."""
 
-    server: str
+    server: Ref
     uplink_bps: BitRate
     downlink_bps: BitRate
     rtt_s: Seconds
@@ -115,30 +125,30 @@ class UserFields(_Strict):
     cache_bytes: Bytes = 0.0
     rate: TokenRate = 1.0
     workload: list[WorkloadIn] = Field(min_length=1)
-    local_cache: list[tuple[str, int, int]] | None = None
+    local_cache: list[tuple[Ref, int, int]] | None = None
     reach: list[ReachIn] | None = None
 
 
 class UserIn(UserFields):
     """One user, at a home server."""
 
-    name: str = Field(min_length=1)
-    home: str
+    name: Name
+    home: Ref
 
 
 class UserGroupIn(UserFields):
     """Generator: ``count`` users named ``prefix<i>``, homes taken round-robin from ``homes``."""
 
-    prefix: str = "user"
+    prefix: Ref = "user"
     count: Count
-    homes: list[str] | Literal["all"] = "all"
+    homes: list[Ref] | Literal["all"] = "all"
 
 
 class SyntheticIn(_Strict):
     """A synthetic profile drawn from the built-in router."""
 
-    model: str
-    task: str
+    model: Ref
+    task: Ref
     tokens: Count = 2000
     seed: Annotated[int, Field(strict=True, ge=0)] = 0
     skew: float = Field(default=1.5, ge=0, allow_inf_nan=False)
@@ -152,13 +162,13 @@ class ScenarioIn(_Strict):
     """A whole scenario file."""
 
     format: Literal["slimcaching/scenario@1"] | None = None
-    name: str = "scenario"
+    name: Ref = "scenario"
     models: list[ModelIn] = Field(min_length=1)
     cloud: CloudIn
     servers: list[ServerIn] = Field(default_factory=list)
     server_links: list[LinkIn] = Field(default_factory=list)
     local_policy: Literal["lfu", "explicit"] = "lfu"
-    profiles: dict[str, dict] = Field(default_factory=dict)
+    profiles: dict[Ref, dict] = Field(default_factory=dict)
     users: list[UserIn] = Field(default_factory=list)
     user_groups: list[UserGroupIn] = Field(default_factory=list)
 
