@@ -56,8 +56,10 @@ def all_edge_placement(scenario: Path, out: Path) -> Path:
 
 @contextlib.contextmanager
 def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_floor_s: float = 0.25,
-                   retry_after_s: float = 2.0):
-    """Every node of ``ctx.layout`` as a NodeServer thread on 127.0.0.1:0; yields (servers, addresses)."""
+                   retry_after_s: float = 2.0, keyrings: dict | None = None, accepts_configure: bool = True,
+                   log=None):
+    """Every node of ``ctx.layout`` as a NodeServer thread on 127.0.0.1:0; yields (servers, addresses).
+    With ``keyrings`` (name -> Keyring) every node is a CURVE server with its own key."""
     from slimcaching.runtime.node import NodeServer
 
     source = ctx.expert_source()
@@ -65,7 +67,8 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
     for n in ctx.layout.nodes:
         experts = {k: source.load(*k) for k in sorted(ctx.layout.held[n])}
         srv = NodeServer(n, ctx.layout, experts, emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s,
-                         retry_after_s=retry_after_s, log=lambda msg: None)
+                         retry_after_s=retry_after_s, log=log or (lambda msg: None),
+                         keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure)
         addrs[n] = f"tcp://127.0.0.1:{srv.bind('127.0.0.1', 0)}"
         servers[n] = srv
     for srv in servers.values():

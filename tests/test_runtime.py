@@ -320,6 +320,16 @@ def test_bad_inputs_one_line_no_orphans(model_dirs, tmp_path, capsys):
     dead = tmp_path / "dead.yaml"
     dead.write_text(f"scenario: sc.yaml\nplacement: none.json\nmodel: {d}\n"
                     "nodes: {e0: '127.0.0.1:1', e1: '127.0.0.1:2', cloud: '127.0.0.1:3'}\n")
+    wide = tmp_path / "wide.yaml"  # no keys, and an address beyond loopback
+    wide.write_text(f"scenario: sc.yaml\nplacement: none.json\nmodel: {d}\n"
+                    "nodes: {e0: '0.0.0.0:1', e1: '127.0.0.1:2', cloud: '127.0.0.1:3'}\n")
+    import shutil
+
+    cut = tmp_path / "cut"  # the model with its weights cut short
+    shutil.copytree(d, cut)
+    st = cut / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-1000])
+    long_prompt = "w1 " * 5000
     cases = [
         (["cluster", "run", str(sc), str(bad_pl), "--model", str(d), "--prompt", "w1"], "layer or expert"),
         (["cluster", "run", str(sc), str(pl), "--model", str(other), "--prompt", "w1"], "does not match"),
@@ -329,6 +339,13 @@ def test_bad_inputs_one_line_no_orphans(model_dirs, tmp_path, capsys):
         (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--kill", "e0"], "NODE@TOKEN"),
         (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--users", "bob"], "unknown user"),
         (["node", "e0", "--cluster", str(cluster)], "cannot listen"),
+        (["node", "e0", "--cluster", str(wide)], "loopback only"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--kill", "e0@²"], "NODE@TOKEN"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(cut), "--prompt", "w1"], "truncated"),
+        (["calibrate", "--model", str(cut)], "truncated"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", long_prompt], "context"),
+        (["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--max-new-tokens", "4096"],
+         "--max-new-tokens"),
         (["generate", "--cluster", str(dead), "--user", "u0", "--prompt", "w1", "--max-new-tokens", "2",
           "--deadline-floor", "0.05"], "no live home server"),
     ]
@@ -466,8 +483,9 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
     sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
     pl = solve(sc, "slimcaching", tmp_path / "slim.json")
     ports = _free_ports(3)
+    assert main(["keys", str(tmp_path / "keys"), "--names", "e0,e1,cloud,u0,u1,admin"]) == 0
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(f"scenario: sc.yaml\nplacement: slim.json\nmodel: {d}\n"
+    cluster.write_text(f"scenario: sc.yaml\nplacement: slim.json\nmodel: {d}\nkeys: keys\n"
                        f"nodes: {{e0: '127.0.0.1:{ports[0]}', e1: '127.0.0.1:{ports[1]}', "
                        f"cloud: '127.0.0.1:{ports[2]}'}}\n")
     procs = [subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "node", n, "--cluster", str(cluster)],
@@ -485,10 +503,24 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
         assert rep["generated"][0]["tokens"] == ref[0]["tokens"]
         assert len(rep["per_token"]) == 4 and rep["predicted_mean_token_latency_s"] > 0
         assert "measured" in capsys.readouterr().err
+        # the operator: status and stop with the admin key; a device's key may not stop a node
+        assert main(["cluster", "status", "--cluster", str(cluster), "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert all(status[n]["alive"] for n in ("e0", "e1", "cloud"))
+        from slimcaching.runtime import admin
+        from slimcaching.runtime.security import load_keyring
+
+        why = admin.shutdown(f"tcp://127.0.0.1:{ports[0]}", keyring=load_keyring(tmp_path / "keys", "u0"), node="e0")
+        assert why is not None and "only 'admin'" in why and procs[0].poll() is None
+        assert main(["cluster", "stop", "--cluster", str(cluster)]) == 0
+        assert "e0: stopped" in capsys.readouterr().err
+        for p in procs:
+            assert p.wait(10) == 0
     finally:
         for p in procs:
-            p.terminate()
-            p.wait(10)
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
 
 
 def test_load_comparison_with_the_queueing_simulation(model_dirs, tmp_path):

@@ -7,7 +7,8 @@ atomically, so a failed command leaves nothing half-written.
 Groups: :mod:`.scenario` (validate, export, scenario new), :mod:`.solve` (solve, demo),
 :mod:`.evaluate` (evaluate, simulate), :mod:`.experiment` (experiment, report), :mod:`.profile`
 (profile, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
-:mod:`.runtime` (cluster run, node, generate, calibrate).
+:mod:`.runtime` (cluster run, node, generate, calibrate), :mod:`.keys` (keys, cluster status,
+cluster stop).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from typer.exceptions import Abort, Exit
 from typer.main import get_command
 
 from slimcaching.algorithms import SolverBug
-from slimcaching.cli import catalog, evaluate, experiment, profile, runtime, scenario, solve
+from slimcaching.cli import catalog, evaluate, experiment, keys, profile, runtime, scenario, solve
 from slimcaching.cli.common import console
 from slimcaching.errors import ScenarioError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SlimCaching: edge caching of MoE experts for distributed inference.")
-for group in (scenario, solve, evaluate, experiment, profile, catalog, runtime):
+for group in (scenario, solve, evaluate, experiment, profile, catalog, runtime, keys):
     app.registered_commands.extend(group.app.registered_commands)
 app.add_typer(scenario.scenario_app, name="scenario")
 app.add_typer(runtime.cluster_app, name="cluster")

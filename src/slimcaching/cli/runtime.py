@@ -21,7 +21,14 @@ from slimcaching.hf import prompt_texts
 from slimcaching.runtime.calibrate import calibrate
 from slimcaching.runtime.cluster import cluster_inputs, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
-from slimcaching.runtime.session import RunOptions, device_session, parse_events, run_cluster, run_report
+from slimcaching.runtime.session import (
+    RunOptions,
+    check_prompt_lengths,
+    device_session,
+    parse_events,
+    run_cluster,
+    run_report,
+)
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 cluster_app = typer.Typer(no_args_is_help=True, help="Run a placement on a local cluster of processes.")
@@ -98,7 +105,7 @@ def cluster_run(
                       deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
                       rate=rate, seed=seed)
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address",
-               model="--model", **{"kill/restart": "--kill/--restart"}):
+               model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
         report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     if json_out is not None:
         write_json(json_out, report)
@@ -141,6 +148,8 @@ def node_cmd(
     model_name: ModelNameOpt = None,
     bind: Annotated[str | None, typer.Option("--bind", help="Address to listen on (default: the cluster "
                                              "file's host for this node).")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Without keys, listen beyond loopback anyway "
+                                           "(anyone who reaches the port can use the node).")] = False,
     pace: PaceOpt = False,
     no_emulate: NoEmuOpt = False,
     deadline_factor: DeadlineOpt = DEFAULTS.deadline_factor,
@@ -156,10 +165,14 @@ def node_cmd(
                            pace=bool(pace or data.get("pace")), deadline_factor=deadline_factor,
                            deadline_floor_s=deadline_floor, retry_after_s=retry_after)
     from slimcaching.runtime.node import run_node  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
 
+    keyring = load_keyring(data["keys"], name) if data.get("keys") else None
     try:
-        run_node(ctx, name, bind or host, int(port), addrs, config,
-                 ready=lambda p, rss: print(f"READY {p} {rss}", flush=True))
+        with flags(bind="--bind"):
+            run_node(ctx, name, bind or host, int(port), addrs, config,
+                     ready=lambda p, rss: print(f"READY {p} {rss}", flush=True), keyring=keyring,
+                     accepts_configure=False, insecure=insecure)
     except KeyboardInterrupt:
         return
 
@@ -187,18 +200,21 @@ def generate_cmd(
     from transformers import AutoTokenizer  # optional extra (hf)
 
     from slimcaching.runtime.device import ClusterError  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
 
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
     if user not in ctx.layout.homes:
         raise ScenarioError("--user", "unknown user", user)
+    keyring = load_keyring(data["keys"], user) if data.get("keys") else None
     with flags(prompts="--prompts"):
         texts = prompt_texts(prompts, prompt)
     opts = RunOptions(sc, pl, md, ctx.layout.model, texts, [user], max_new_tokens,
                       not (no_emulate or data.get("emulate") is False), pace or bool(data.get("pace")), False,
                       deadline_factor=deadline_factor, deadline_floor_s=deadline_floor, retry_after_s=retry_after)
     try:
-        with flags(users="--users", prompts="--prompts"):
-            session = device_session(ctx, user, texts, addrs, opts)
+        with flags(users="--users", prompts="--prompts", max_new_tokens="--max-new-tokens"):
+            check_prompt_lengths(ctx.model_dir, texts, max_new_tokens)
+            session = device_session(ctx, user, texts, addrs, opts, keyring=keyring)
     except ClusterError as exc:
         raise ScenarioError("cluster", str(exc)) from None
     tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))

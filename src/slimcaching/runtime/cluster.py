@@ -1,11 +1,14 @@
 """Runtime context (scenario + placement + model directory) and cluster files.
 
-A *cluster file* (YAML or JSON) names where each node listens, for runs across machines::
+A *cluster file* (YAML or JSON) names where each node listens, for runs across machines, and
+the directory of the cluster's CURVE keys (``slimcaching keys``; each host needs its own
+``NAME.key_secret`` and every public ``*.key``)::
 
     nodes:
       e0: 10.0.0.11:5555
       e1: 10.0.0.12:5555
       cloud: 10.0.0.99:5555
+    keys: keys/
 
 Every node and device reads the same scenario and placement and builds the same
 :class:`~slimcaching.runtime.routing.Layout`, so no routing state travels on the network.
@@ -20,14 +23,13 @@ from pathlib import Path
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import problem_for
 from slimcaching.fileio import read_data_file
-from slimcaching.model_dir import model_numbers
+from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint
 from slimcaching.placement import load_placement
 from slimcaching.problem import build_problem
+from slimcaching.runtime.addresses import tcp_address
 from slimcaching.runtime.routing import Layout, build_layout
 from slimcaching.runtime.weights import expert_source
 from slimcaching.scenario import Scenario, load_scenario
-
-_ADDR = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 
 @dataclass
@@ -93,8 +95,25 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
     edge = {s: [list(problem.item_key(i)) for i in pl.x[n].nonzero()[0]]
             for n, s in enumerate(problem.server_names)}
     layout = build_layout(sc, edge, model_name)
+    layout.hidden_size, layout.wire_dtype, layout.dtype_tag = wire_format(mdir)
     data = {"edge": edge, "algorithm": pl.algorithm}
     return Context(sc, layout, data, mdir)
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_WIRE = {"F32": ("float32", None), "F16": ("float16", None), "BF16": ("uint16", "bfloat16")}
+
+
+def wire_format(model_dir: Path) -> tuple[int, str, str | None]:
+    """(hidden size, wire dtype, dtype tag) of a model directory: what every node checks requests
+    against. The dtype is the expert weights' (the device runs the model in it)."""
+    config, tensors = read_checkpoint(model_dir)
+    _, _, hidden = config_experts_topk(config)
+    dtypes = {info.dtype for blk in expert_blocks(tensors).values() for info in blk.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _WIRE:
+        raise ScenarioError("model", f"expert weights must be of one of {', '.join(_WIRE)} (found "
+                            f"{', '.join(sorted(dtypes)) or 'none'})", str(model_dir))
+    return int(hidden), *_WIRE[dtypes.pop()]
 
 
 def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:
@@ -105,12 +124,14 @@ def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:
         raise ScenarioError("cluster.nodes", "expected a mapping node -> host:port")
     out = {}
     for name, addr in entries.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ScenarioError("cluster.nodes", "node names are 1-64 letters, digits, '.', '_' or '-'", name)
         if name not in nodes:
             raise ScenarioError(f"cluster.nodes.{name}", f"not a node of the scenario ({', '.join(nodes)})")
-        m = _ADDR.match(str(addr))
-        if not m or not 0 < int(m.group("port")) < 65536:
+        address = tcp_address(addr)
+        if address is None:
             raise ScenarioError(f"cluster.nodes.{name}", "expected host:port", addr)
-        out[name] = f"tcp://{m.group('host')}:{int(m.group('port'))}"
+        out[name] = address
     missing = [n for n in nodes if n not in out]
     if missing:
         raise ScenarioError("cluster.nodes", f"no address for node {missing[0]!r}")
@@ -121,7 +142,7 @@ def cluster_file_data(path: str | Path) -> dict:
     """A cluster file's mapping, its scenario / placement / model paths resolved beside it."""
     path = Path(path)
     data = read_data_file(path)
-    for key in ("scenario", "placement", "model"):
+    for key in ("scenario", "placement", "model", "keys"):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str(path.parent / data[key])
     return data
@@ -139,6 +160,8 @@ def cluster_inputs(cluster: str | Path, scenario: str | None = None, placement: 
         return str(v)
 
     data = cluster_file_data(cluster)
+    if "keys" in data and not isinstance(data["keys"], str):
+        raise ScenarioError("cluster.keys", "expected the path of a key directory", data["keys"])
     sc, pl, md = pick(scenario, "scenario"), pick(placement, "placement"), pick(model, "model")
     ctx = load_context(sc, pl, md, model_name or data.get("model_name"))
     return data, sc, pl, md, ctx, read_cluster_file(cluster, ctx.layout.nodes)

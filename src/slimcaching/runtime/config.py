@@ -2,6 +2,10 @@
 
 A request's deadline is ``deadline_factor x predicted + floor``; a holder that misses it is
 treated as failed for ``retry_after_s`` and its experts go to the next holder (the cloud last).
+
+Resource caps (rows per request, requests in flight per connection and in all, connections) are
+limits of :mod:`slimcaching.limits`, overridable like the planner's
+(``SLIMCACHING_LIMIT_REQUEST_ROWS=16384`` ...).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class RuntimeConfig:
     deadline_floor_s: float = 0.25  # ... + this floor (s)
     retry_after_s: float = 2.0  # a failed node is tried again after this many seconds
     start_timeout_s: float = 120.0  # the launcher waits this long for every node to be ready
+    max_deliver_ahead_s: float = 600.0  # a request due later than this (emulated arrival) is refused
 
 
 DEFAULTS = RuntimeConfig()

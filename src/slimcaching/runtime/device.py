@@ -24,11 +24,13 @@ import numpy as np
 import zmq
 
 from slimcaching.hf import find_moe_layers, load_model
+from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.linkemu import Link, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
+from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.tensors import to_numpy
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
@@ -73,9 +75,11 @@ class DeviceClient:
     def __init__(self, user: str, layout: Layout, addresses: dict[str, str], local_modules: dict, *,
                  emulate: bool = True, pace: bool = False, deadline_factor: float = DEFAULTS.deadline_factor,
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s,
-                 retry_after_s: float = DEFAULTS.retry_after_s):
+                 retry_after_s: float = DEFAULTS.retry_after_s, keyring: Keyring | None = None):
         if user not in layout.homes:
             raise ValueError(user)
+        self.keyring = keyring  # CURVE: this device's key; each node's public key is pinned
+        self.max_message_bytes = layout.max_message_bytes(limit("request_rows"))
         self.user = user
         self.home = layout.homes[user]
         self.layout = layout
@@ -106,6 +110,9 @@ class DeviceClient:
         if node not in self.socks:
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            s.maxmsgsize = self.max_message_bytes
+            if self.keyring is not None:
+                self.keyring.client(s, node)
             s.setsockopt(zmq.IMMEDIATE, 1)
             s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
             s.connect(self.addresses[node])
@@ -226,7 +233,10 @@ class DeviceClient:
             recv_at = time.time()
             try:
                 msg = protocol.parse([f.buffer for f in frames])
-            except protocol.ProtocolError:
+            except protocol.ProtocolError as exc:
+                # only the node this socket talks to can have sent it: that node counts as failed
+                rid, target, exclude = self._failed(target, f"malformed reply ({str(exc)[:80]})", layer, payload,
+                                                    assign, tag, exclude)
                 continue
             if msg.id != rid:
                 self.late_replies += 1
@@ -238,7 +248,8 @@ class DeviceClient:
                     raise ClusterError(msg.reason[:300])
                 rid, target, exclude = self._failed(target, msg.reason[:200], layer, payload, assign, tag, exclude)
                 continue
-            if not (isinstance(msg, Result) and msg.matches({e: len(rows) for e, rows in assign}, payload.shape[1])):
+            if not (isinstance(msg, Result)
+                    and msg.matches({e: len(rows) for e, rows in assign}, payload.shape[1], payload.dtype)):
                 # a reply that does not answer what was asked: the sender counts as failed
                 rid, target, exclude = self._failed(target, "malformed or mismatched reply", layer, payload,
                                                     assign, tag, exclude)

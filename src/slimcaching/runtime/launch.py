@@ -4,6 +4,11 @@ devices against it, and stop everything on exit, on error and on Ctrl-C.
 Nodes bind port 0 on 127.0.0.1 and report ``READY <port> <rss>`` on stdout; the launcher then
 tells every node where the others listen (``configure``). Each node also watches the launcher's
 pid and stops by itself if the launcher dies without cleaning up.
+
+Every run is authenticated with no setup: the launcher makes fresh CURVE key pairs for every
+node, every user and itself (``admin``), hands each node its own secret key and every public key
+(a private directory per node, or the actor's arguments with Ray), and is the only one whose
+``configure`` and ``shutdown`` a node accepts.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from pathlib import Path
 import zmq
 
 from slimcaching.errors import ScenarioError
-from slimcaching.runtime import protocol
+from slimcaching.runtime import admin, protocol
 from slimcaching.runtime.cluster import load_context
 from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.node import NodeServer, rss_bytes
+from slimcaching.runtime.security import ADMIN, Keyring, ephemeral_keyrings, write_keyring_dir
 from slimcaching.runtime.weights import load_experts
 
 
@@ -159,7 +165,7 @@ class _NodeActor:
         experts = load_experts(source, ctx.layout.held[name])
         self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
                                  deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
-                                 retry_after_s=kw["retry_after_s"])
+                                 retry_after_s=kw["retry_after_s"], keyring=Keyring.from_dict(kw["keyring"]))
         if host == "auto":  # the address of the machine this actor landed on
             import ray  # optional extra (ray)
 
@@ -181,12 +187,16 @@ class LocalCluster:
                  deadline_factor: float = DEFAULTS.deadline_factor,
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s,
                  retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
-                 launcher: str = "local", ray_address: str | None = None):
+                 launcher: str = "local", ray_address: str | None = None, users: list[str] = ()):
         self.names = nodes
         self.workdir = workdir
         self.start_timeout = start_timeout
         self.launcher = launcher
         self._ray_started = False
+        self.ctx = zmq.Context.instance()
+        self.events: list[dict] = []
+        # this run's keys: one pair per node, per user and for the launcher itself
+        self.keyrings = ephemeral_keyrings(list(nodes) + [u for u in users if u not in nodes] + [ADMIN])
         if launcher == "ray":
             host = self._init_ray(ray_address)
             kw = {"scenario": str(Path(scenario).resolve()) if scenario not in ("", "default") else scenario,
@@ -194,9 +204,7 @@ class LocalCluster:
                   "model_name": model_name, "emulate": emulate, "pace": pace,
                   "deadline_factor": deadline_factor, "deadline_floor_s": deadline_floor_s,
                   "retry_after_s": retry_after_s}
-            self.nodes = {n: RayNode(n, kw, host) for n in nodes}
-            self.ctx = zmq.Context.instance()
-            self.events: list[dict] = []
+            self.nodes = {n: RayNode(n, dict(kw, keyring=self.keyrings[n].to_dict()), host) for n in nodes}
             return
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
                   "--model-name", model_name, "--parent-pid", str(os.getpid()),
@@ -206,10 +214,16 @@ class LocalCluster:
             common.append("--no-emulate")
         if pace:
             common.append("--pace")
-        self.nodes = {n: NodeProcess(n, [sys.executable, "-m", "slimcaching.runtime.node", n] + common,
-                                     workdir / f"node-{n}.log") for n in nodes}
-        self.ctx = zmq.Context.instance()
-        self.events: list[dict] = []
+        self.nodes = {}
+        for n in nodes:
+            keys = workdir / "keys" / n  # its own secret and every public key, nothing else
+            write_keyring_dir(keys, {n: self.keyrings[n]}, public=self.keyrings[n].public_keys)
+            self.nodes[n] = NodeProcess(n, [sys.executable, "-m", "slimcaching.runtime.node", n, "--keys", str(keys)]
+                                        + common, workdir / f"node-{n}.log")
+
+    def keyring(self, name: str) -> Keyring:
+        """The keyring this run made for ``name`` (a user's device, a node, ``admin``)."""
+        return self.keyrings[name]
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -246,21 +260,10 @@ class LocalCluster:
         return {n: p.address for n, p in self.nodes.items()}
 
     def request(self, node: str, msg, timeout: float = 5.0) -> dict | None:
-        """Send one typed message (:mod:`protocol`) to ``node``; its pong's status, or None."""
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        try:
-            s.connect(self.nodes[node].address)
-            s.send_multipart(msg.frames())
-            if not s.poll(int(timeout * 1000)):
-                return None
-            try:
-                reply = protocol.parse([f.buffer for f in s.recv_multipart(copy=False)])
-            except protocol.ProtocolError:
-                return None
-            return reply.status if isinstance(reply, protocol.Pong) else None
-        finally:
-            s.close(0)
+        """Send one typed message (:mod:`protocol`) to ``node`` as ``admin``; its pong's status, or None."""
+        reply = admin.request(self.nodes[node].address, msg, keyring=self.keyrings[ADMIN], node=node,
+                              timeout=timeout, ctx=self.ctx)
+        return reply.status if isinstance(reply, protocol.Pong) else None
 
     def configure(self, only: list[str] | None = None) -> None:
         addrs = self.addresses

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from slimcaching.errors import ScenarioError
+from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
@@ -41,6 +42,7 @@ from slimcaching.runtime.executor import ExpertExecutor
 from slimcaching.runtime.linkemu import schedule_path
 from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest
 from slimcaching.runtime.routing import Layout, reversed_path
+from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
 from slimcaching.runtime.transport import Transport
 from slimcaching.runtime.weights import load_experts
 
@@ -70,6 +72,8 @@ class Parent:
     failed: str | None = None
     fallbacks: list = field(default_factory=list)
     remote: dict = field(default_factory=dict)  # holder -> its timing
+    done: bool = False  # answered (its in-flight slot released)
+    budget: bytes = b""  # whose in-flight budget it counts against (sender name, else connection)
 
 
 @dataclass
@@ -90,20 +94,33 @@ class NodeServer:
     def __init__(self, name: str, layout: Layout, experts: dict, *, emulate: bool = DEFAULTS.emulate,
                  pace: bool = DEFAULTS.pace, deadline_factor: float = DEFAULTS.deadline_factor,
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s, retry_after_s: float = DEFAULTS.retry_after_s,
-                 log=None):
+                 keyring: Keyring | None = None, accepts_configure: bool = True, log=None):
         self.name = name
         self.layout = layout
         self.config = RuntimeConfig(emulate=emulate, pace=pace, deadline_factor=deadline_factor,
                                     deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s)
         self.log = log or (lambda msg: print(f"node {name}: {msg}", file=sys.stderr, flush=True))
-        self.transport = Transport(name, layout, emulate)
+        self.max_rows = limit("request_rows")
+        self.max_in_flight_per_peer = limit("in_flight_per_peer")
+        self.max_in_flight = limit("in_flight")
+        self.max_in_flight_bytes = limit("in_flight_bytes")
+        self.in_flight_bytes = 0
+        self.accepts_configure = accepts_configure
+        self.transport = Transport(name, layout, emulate, keyring=keyring,
+                                   max_message_bytes=layout.max_message_bytes(self.max_rows),
+                                   max_connections=limit("connections"), log=self.log,
+                                   exempt=frozenset(layout.nodes) | {ADMIN})
         self.stats = {"requests": 0, "executed": {}, "relayed": {}, "rejected": 0, "late_replies": 0,
-                      "fallbacks": [], "compute_s": 0.0, "queue_s": 0.0, "errors": 0}
+                      "fallbacks": [], "compute_s": 0.0, "queue_s": 0.0, "errors": 0, "refused": {}}
         self.executor = ExpertExecutor(name, layout, experts, pace)
         self.executor.stats = self.stats  # one stats record per node
         self.ids = itertools.count(1)
         self.pending: dict[int, Sub] = {}
         self.dead_until: dict[str, float] = {}
+        self.in_flight: dict[bytes, int] = {}  # sender (or connection) -> requests parked or running here
+        self.internal_errors = 0  # exceptions caught while handling a message (each one answered)
+        self._users = frozenset(layout.homes)
+        self._nodes = frozenset(layout.nodes)
 
     # ---- the transport's surface -------------------------------------------------------------
     @property
@@ -138,33 +155,101 @@ class NodeServer:
             self.transport.send_to_client(ident, ErrorReply(rid, reason, fatal).frames())
 
     # ---- requests ------------------------------------------------------------------------
-    def on_request(self, ident: bytes, body: list) -> None:
+    def on_request(self, ident: bytes, body: list, sender: str | None = None) -> None:
+        """One request from a client connection; ``sender`` is its authenticated name (None on an
+        unauthenticated cluster). Anything wrong is answered with an error and costs nothing more."""
+        try:
+            self._on_request(ident, body, sender)
+        except Exception as exc:  # a bug or a message nobody foresaw: answered, counted, the node serves on
+            self.internal_errors += 1
+            self.log(f"internal error while handling a request: {type(exc).__name__}: {str(exc)[:200]}")
+            self.transport.send_to_client(ident, ErrorReply(0, f"internal error ({type(exc).__name__})",
+                                                            False).frames())
+
+    def _on_request(self, ident: bytes, body: list, sender: str | None) -> None:
         try:
             msg = protocol.parse(body)
         except protocol.ProtocolError as exc:
             self._reject(ident, 0, str(exc))
             return
+        why = allowed(msg.op, sender, nodes=self._nodes, users=self._users,
+                      accepts_configure=self.accepts_configure)
+        if why:
+            self.stats["refused"][msg.op] = self.stats["refused"].get(msg.op, 0) + 1
+            self._reject(ident, msg.id, why)
+            return
         if isinstance(msg, protocol.Ping):
             self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
         elif isinstance(msg, protocol.Configure):
+            unknown = [n for n in msg.addresses if n not in self._nodes]
+            if unknown:
+                self._reject(ident, msg.id, f"configure: {unknown[0][:40]!r} is not a node of the scenario")
+                return
             self.connect_peers(msg.addresses)
             self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
         elif isinstance(msg, protocol.Shutdown):
             self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
             self.running = False
         elif isinstance(msg, RunRequest):
-            reason = msg.check(self.layout, self.name)
-            if reason:
-                self._reject(ident, msg.id, reason)
-                return
-            self.stats["requests"] += 1
-            self.transport.at(msg.deliver_at or 0.0, lambda: self._process(ident, msg))
+            self._accept_run(ident, msg, sender)
         else:
             self._reject(ident, msg.id, f"unexpected op {msg.op!r} on a node")
 
-    def _process(self, ident: bytes, req: RunRequest) -> None:
+    def _accept_run(self, ident: bytes, msg: RunRequest, sender: str | None) -> None:
         now = time.time()
-        p = Parent(ident, req, now, ready_at=now)
+        reason = msg.check(self.layout, self.name, self.max_rows, now, self.config.max_deliver_ahead_s)
+        if reason is None and sender is not None:
+            # a device asks for itself and may have its request relayed; a node only for what it relays
+            if sender in self._users and msg.reply_user != sender:
+                reason = f"run: a device may only ask for itself ({sender!r})"
+            elif sender in self._nodes and (msg.relay or msg.reply_user is not None):
+                reason = "run: a node's request is never relayed again nor sent to a user"
+        who = sender.encode() if sender is not None else ident  # one budget per device, however many connections
+        if reason is None:
+            mine = self.in_flight.get(who, 0)
+            if mine >= self.max_in_flight_per_peer:
+                reason = (f"run: {mine} requests of this connection in flight already "
+                          f"(limit {self.max_in_flight_per_peer})")
+            elif sum(self.in_flight.values()) >= self.max_in_flight:
+                reason = f"run: {self.max_in_flight} requests in flight at this node (limit)"
+            elif self.in_flight_bytes + msg.x.nbytes > self.max_in_flight_bytes:
+                reason = f"run: {self.max_in_flight_bytes:,} bytes of requests in flight at this node (limit)"
+        if reason:
+            self._reject(ident, msg.id, reason, fatal=False)
+            return
+        self.stats["requests"] += 1
+        self.in_flight[who] = self.in_flight.get(who, 0) + 1
+        self.in_flight_bytes += msg.x.nbytes
+        self.transport.at(msg.deliver_at or 0.0, lambda: self._process(ident, msg, who))
+
+    def _release(self, p: Parent) -> None:
+        """The request ``p`` is answered: its connection's in-flight slot is free again."""
+        if p.done:
+            return
+        p.done = True
+        self.in_flight_bytes -= p.req.x.nbytes
+        left = self.in_flight.get(p.budget, 0) - 1
+        if left > 0:
+            self.in_flight[p.budget] = left
+        else:
+            self.in_flight.pop(p.budget, None)
+
+    def _process(self, ident: bytes, req: RunRequest, who: bytes) -> None:
+        now = time.time()
+        p = Parent(ident, req, now, ready_at=now, budget=who)
+        try:
+            self._start(p)
+        except Exception as exc:  # the message fails, the node serves on
+            self.internal_errors += 1
+            self.log(f"internal error on a run request: {type(exc).__name__}: {str(exc)[:200]}")
+            for sid in list(p.waiting):
+                self.pending.pop(sid, None)
+            self._release(p)
+            self.transport.send_to_client(ident, ErrorReply(req.id, f"internal error ({type(exc).__name__})",
+                                                            False).frames())
+
+    def _start(self, p: Parent) -> None:
+        req = p.req
         own, relay = [], {}
         for e, rows in req.assign:
             if self.executor.holds(req.layer, e):
@@ -229,9 +314,30 @@ class NodeServer:
         if sub is None:
             self.stats["late_replies"] += 1
             return
-        self.transport.at(getattr(msg, "deliver_at", None) or 0.0, lambda: self._on_reply_released(msg, sub))
+        due = getattr(msg, "deliver_at", None) or 0.0
+        if due > sub.deadline:  # an honest reply is due before the deadline: do not park this one
+            due = sub.deadline
+        self.transport.at(due, lambda: self._on_reply_released(msg, sub))
+
+    def _guarded(self, p: Parent, fn, *args) -> None:
+        """Run ``fn`` for request ``p``; an exception answers ``p`` with an error, the node serves on."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            self.internal_errors += 1
+            self.log(f"internal error on a reply: {type(exc).__name__}: {str(exc)[:200]}")
+            if not p.done:
+                for sid in list(p.waiting):
+                    self.pending.pop(sid, None)
+                p.waiting.clear()
+                self._release(p)
+                self.transport.send_to_client(p.ident, ErrorReply(p.req.id, f"internal error ({type(exc).__name__})",
+                                                                  False).frames())
 
     def _on_reply_released(self, msg, sub: Sub) -> None:
+        self._guarded(sub.parent, self._reply_released, msg, sub)
+
+    def _reply_released(self, msg, sub: Sub) -> None:
         if self.pending.get(msg.id) is not sub:
             self.stats["late_replies"] += 1
             return
@@ -243,7 +349,8 @@ class NodeServer:
             self._holder_failed(sub.holder, msg.reason[:200])
             p.fallbacks.append({"from": sub.holder, "experts": sub.experts, "reason": msg.reason[:200]})
             self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
-        elif isinstance(msg, Result) and msg.matches({e: len(p.req.rows_of(e)) for e in sub.experts}, hidden):
+        elif isinstance(msg, Result) and msg.matches({e: len(p.req.rows_of(e)) for e in sub.experts}, hidden,
+                                                     p.req.x.dtype):
             self.dead_until.pop(sub.holder, None)
             for e, t in zip(msg.experts, msg.tensors):
                 p.outputs[e] = t
@@ -263,12 +370,15 @@ class NodeServer:
         expired = [(sid, s) for sid, s in self.pending.items() if s.deadline <= now]
         for sid, sub in expired:
             del self.pending[sid]
-            p = sub.parent
-            p.waiting.discard(sid)
-            self._holder_failed(sub.holder, "deadline")
-            p.fallbacks.append({"from": sub.holder, "experts": sub.experts, "reason": "no reply before the deadline"})
-            self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
-            self._maybe_finish(p)
+            self._guarded(sub.parent, self._expired, sid, sub)
+
+    def _expired(self, sid: int, sub: Sub) -> None:
+        p = sub.parent
+        p.waiting.discard(sid)
+        self._holder_failed(sub.holder, "deadline")
+        p.fallbacks.append({"from": sub.holder, "experts": sub.experts, "reason": "no reply before the deadline"})
+        self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
+        self._maybe_finish(p)
 
     def _maybe_finish(self, p: Parent) -> None:
         if p.waiting and p.failed is None:
@@ -279,6 +389,7 @@ class NodeServer:
                 self.pending.pop(sid, None)
             p.waiting.clear()
             self.stats["errors"] += 1
+            self._release(p)
             self.transport.send_to_client(p.ident, ErrorReply(req.id, p.failed, True).frames())
             return
         experts = sorted(p.outputs)
@@ -290,16 +401,26 @@ class NodeServer:
         if req.reply_user is not None:
             links.append(self.transport.link(("down", req.reply_user)))
         res.deliver_at = schedule_path(links, size, p.ready_at)
+        self._release(p)
         self.transport.send_to_client(p.ident, res.frames())
 
     def status(self) -> dict:
-        return {"name": self.name, "held": self.executor.held(), "rss_bytes": rss_bytes(), "stats": self.stats}
+        self.stats["refused_connections"] = dict(self.transport.gate.refused)
+        self.stats["internal_errors"] = self.transport.errors + self.internal_errors
+        return {"name": self.name, "held": self.executor.held(), "rss_bytes": rss_bytes(), "stats": self.stats,
+                "in_flight": sum(self.in_flight.values()), "in_flight_bytes": self.in_flight_bytes,
+                "connections": self.transport.gate.connections}
 
 
 def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, peers: dict[str, str] | None = None,
-             config: RuntimeConfig = DEFAULTS, parent_pid: int | None = None, ready=None) -> None:
+             config: RuntimeConfig = DEFAULTS, parent_pid: int | None = None, ready=None, *,
+             keyring: Keyring | None = None, accepts_configure: bool = True, insecure: bool = False) -> None:
     """Load the experts ``name`` holds, listen on ``host:port``, connect to ``peers`` and serve
-    until shut down; ``ready(port, rss)`` is called once listening."""
+    until shut down; ``ready(port, rss)`` is called once listening.
+
+    With a ``keyring`` every connection is authenticated (CURVE); without one the node listens on
+    loopback only, unless ``insecure``. ``accepts_configure=False``: peers come from ``peers``
+    alone (a cluster file), a ``configure`` message is refused."""
     import torch  # optional extra (hf)
 
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops the node like Ctrl-C
@@ -307,10 +428,13 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     torch.set_num_threads(1)  # see session.device_session: an idle thread pool wakes up slowly
     if name not in ctx.layout.nodes:
         raise ScenarioError("node", f"not a node of the scenario (nodes: {', '.join(ctx.layout.nodes)})", name)
+    if keyring is None and not insecure and not is_loopback(host):
+        raise ScenarioError("bind", "without keys a node listens on loopback only: give the cluster file "
+                            "'keys: DIR' (slimcaching keys), or --insecure on a network you trust", host)
     experts = load_experts(ctx.expert_source(), ctx.layout.held[name])
     server = NodeServer(name, ctx.layout, experts, emulate=config.emulate, pace=config.pace,
                         deadline_factor=config.deadline_factor, deadline_floor_s=config.deadline_floor_s,
-                        retry_after_s=config.retry_after_s)
+                        retry_after_s=config.retry_after_s, keyring=keyring, accepts_configure=accepts_configure)
     try:
         port = server.bind(host, port)
     except zmq.ZMQError as exc:
@@ -339,14 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-floor", type=float, default=DEFAULTS.deadline_floor_s)
     ap.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s)
     ap.add_argument("--parent-pid", type=int, default=None)
+    ap.add_argument("--keys", default=None, help="key directory: this node's secret key, every public key")
     a = ap.parse_args(argv)
 
     config = RuntimeConfig(emulate=not a.no_emulate, pace=a.pace, deadline_factor=a.deadline_factor,
                            deadline_floor_s=a.deadline_floor, retry_after_s=a.retry_after)
     try:
         ctx = load_context(a.scenario, a.placement, a.model, a.model_name)
+        keyring = load_keyring(a.keys, a.name) if a.keys else None
         run_node(ctx, a.name, a.host, a.port, json.loads(a.peers) if a.peers else None, config, a.parent_pid,
-                 ready=lambda port, rss: print(f"READY {port} {rss}", flush=True))
+                 ready=lambda port, rss: print(f"READY {port} {rss}", flush=True), keyring=keyring)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

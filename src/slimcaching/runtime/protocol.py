@@ -12,8 +12,9 @@ read with ``numpy.frombuffer`` for a dtype from a fixed allow-list. :func:`decod
 
 Operations: one typed message class each (below), with ``frames()`` to send it and
 ``from_message(header, tensors)`` to read it back, which checks every field's type and range
-(layout-specific checks -- layer, expert and row ranges, hops of the scenario -- are
-:meth:`RunRequest.check`'s):
+(layout-specific checks -- layer, expert and row ranges, at most K experts per row, hidden size and
+dtype of the model, hops of the scenario, how far ahead ``deliver_at`` may be -- are
+:meth:`RunRequest.check`'s; who may send which op is :mod:`~slimcaching.runtime.security`'s):
 
 =============  ===================================================================================
 RunRequest     ``run``, device or relay -> node: ``model``, ``layer``, ``assign`` [[expert, [row, ...]],
@@ -24,19 +25,22 @@ Result         ``result``, the reply: ``experts`` in the order of the tensors (e
                before gate weighting), ``route`` {expert: holder}, ``node``, ``timing``, ``fallbacks``.
 ErrorReply     ``error``: ``reason`` (one line), ``fatal`` (true if retrying elsewhere cannot help).
 Ping / Pong    liveness; a pong carries ``name``, ``held``, ``rss_bytes``, ``stats``.
-Configure      ``configure``, launcher -> node: ``addresses`` {node: "tcp://host:port"} of the others.
-Shutdown       ``shutdown``, launcher -> node: stop serving and exit.
+Configure      ``configure``, admin -> node: ``addresses`` {node: "tcp://host:port"} of the others.
+Shutdown       ``shutdown``, admin -> node: stop serving and exit.
 =============  ===================================================================================
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
+
+from slimcaching.runtime.addresses import tcp_address
 
 VERSION = 1
 OPS = frozenset({"run", "result", "error", "ping", "pong", "configure", "shutdown"})
@@ -75,9 +79,9 @@ def decode(frames: list) -> tuple[dict, list[np.ndarray]]:
         raise ProtocolError(f"header is not msgpack ({type(exc).__name__})") from None
     if not isinstance(h, dict):
         raise ProtocolError("header is not a map")
-    if h.get("v") != VERSION:
-        raise ProtocolError(f"unsupported protocol version {h.get('v')!r} (expected {VERSION})")
-    if h.get("op") not in OPS:
+    if type(h.get("v")) is not int or h["v"] != VERSION:
+        raise ProtocolError(f"unsupported protocol version {str(h.get('v'))[:20]!r} (expected {VERSION})")
+    if not isinstance(h.get("op"), str) or h["op"] not in OPS:
         raise ProtocolError(f"unknown op {str(h.get('op'))[:40]!r}")
     if not isinstance(h.get("id"), int) or isinstance(h.get("id"), bool):
         raise ProtocolError("missing or non-integer request id")
@@ -88,14 +92,14 @@ def decode(frames: list) -> tuple[dict, list[np.ndarray]]:
         raise ProtocolError(f"header lists {len(specs)} tensors, message has {len(frames) - 1} bodies")
     arrays = []
     for i, (spec, body) in enumerate(zip(specs, frames[1:])):
-        if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES:
+        if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str) or spec["dtype"] not in DTYPES:
             raise ProtocolError(f"tensor {i}: dtype not allowed")
         shape = spec.get("shape")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
             raise ProtocolError(f"tensor {i}: bad shape")
         dt = np.dtype(spec["dtype"])
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        n = math.prod(shape)  # Python integers: a shape whose product overflows int64 is just wrong
         buf = memoryview(body)
         if buf.nbytes != n * dt.itemsize:
             raise ProtocolError(f"tensor {i}: {buf.nbytes} bytes for shape {shape} {dt.name}")
@@ -115,8 +119,8 @@ def message_bytes(frames: list) -> int:
 # ---------------------------------------------------------------------------------------------
 # Typed messages
 
-MAX_DELIVER_AHEAD_S = 3600.0  # an emulated arrival further in the future than this is refused
 DTYPE_TAGS = (None, "bfloat16")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 def _int(h: dict, key: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
@@ -193,7 +197,7 @@ class RunRequest:
             raise ProtocolError("run: relay must be true or false")
         user = _str(h, "reply_user", optional=True)
         hops = h.get("reply_hops") or []
-        if not isinstance(hops, list) or not all(isinstance(p, list) and len(p) == 2
+        if not isinstance(hops, list) or len(hops) > 1024 or not all(isinstance(p, list) and len(p) == 2
                                                  and all(isinstance(n, str) for n in p) for p in hops):
             raise ProtocolError("run: reply_hops must be a list of [node, node]")
         tag = h.get("dtype_tag")
@@ -204,20 +208,44 @@ class RunRequest:
         return cls(rid, model, layer, out, tensors[0], relay, user, [tuple(p) for p in hops], tag,
                    _time(h, "deliver_at"))
 
-    def check(self, layout, node: str) -> str | None:
-        """Why ``node`` of ``layout`` cannot serve this request (None if it can)."""
+    def check(self, layout, node: str, max_rows: int, now: float | None = None,
+              max_ahead_s: float = float("inf")) -> str | None:
+        """Why ``node`` of ``layout`` cannot serve this request (None if it can): the model, layer,
+        experts, hidden size, dtype and rows against the model, at most ``max_rows`` rows, each row
+        sent to at most K experts and no expert twice, hops and user of the scenario, and an
+        emulated arrival at most ``max_ahead_s`` after ``now``."""
         if self.model != layout.model:
             return f"run: model {self.model[:40]!r} is not served here ({layout.model!r})"
         if not 0 <= self.layer < layout.layers:
             return f"run: layer {self.layer} out of range 0..{layout.layers - 1}"
-        n = self.x.shape[0]
+        n, width = self.x.shape
+        if not 1 <= n <= max_rows:
+            return f"run: {n} rows, expected 1..{max_rows}"
+        if layout.hidden_size is not None and width != layout.hidden_size:
+            return f"run: hidden size {width}, the model's is {layout.hidden_size}"
+        if layout.wire_dtype is not None and (self.x.dtype.name != layout.wire_dtype
+                                              or self.dtype_tag != layout.dtype_tag):
+            return (f"run: data of dtype {self.x.dtype.name} (tag {self.dtype_tag}), the model's is "
+                    f"{layout.wire_dtype} (tag {layout.dtype_tag})")
+        if len(self.assign) > layout.experts:
+            return f"run: {len(self.assign)} experts, the layer has {layout.experts}"
         seen = set()
+        per_row = [0] * n
         for e, rows in self.assign:
             if not 0 <= e < layout.experts or e in seen:
                 return f"run: expert {e} out of range or repeated"
             seen.add(e)
-            if not rows or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < n for r in rows):
+            if not rows or len(rows) > n or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < n
+                                                    for r in rows):
                 return f"run: rows of expert {e} out of range 0..{n - 1}"
+            if len(set(rows)) != len(rows):
+                return f"run: rows of expert {e} repeat"
+            for r in rows:
+                per_row[r] += 1
+        if layout.top_k is not None and max(per_row) > layout.top_k:
+            return f"run: a row is sent to {max(per_row)} experts, the model routes to {layout.top_k}"
+        if self.deliver_at is not None and now is not None and self.deliver_at > now + max_ahead_s:
+            return f"run: deliver_at is more than {max_ahead_s:g} s ahead"
         if self.reply_user is not None and self.reply_user not in layout.access:
             return f"run: unknown user {self.reply_user[:40]!r}"
         if not all(tuple(p) in layout.hop for p in self.reply_hops):
@@ -274,13 +302,13 @@ class Result:
         return cls(_int(h, "id"), experts, list(tensors), route, _str(h, "node", optional=True), timing, fallbacks,
                    _time(h, "deliver_at"))
 
-    def matches(self, rows: dict[int, int], hidden: int) -> bool:
+    def matches(self, rows: dict[int, int], hidden: int, dtype: np.dtype | None = None) -> bool:
         """Exactly the experts asked for (``rows``: expert -> rows asked), each with that many
-        outputs of width ``hidden``."""
-        if sorted(self.experts) != sorted(rows):
+        outputs of width ``hidden`` (and of ``dtype``, when given)."""
+        if len(self.experts) != len(rows) or sorted(self.experts) != sorted(rows):
             return False
         return all(t.ndim == 2 and t.shape[0] == rows[e] and t.shape[1] == hidden
-                   for e, t in zip(self.experts, self.tensors))
+                   and (dtype is None or t.dtype == dtype) for e, t in zip(self.experts, self.tensors))
 
 
 @dataclass
@@ -297,7 +325,10 @@ class ErrorReply:
 
     @classmethod
     def from_message(cls, h: dict, tensors) -> ErrorReply:
-        return cls(_int(h, "id"), str(h.get("reason"))[:300], bool(h.get("fatal", True)))
+        reason, fatal = h.get("reason"), h.get("fatal", True)
+        if not isinstance(reason, str) or not isinstance(fatal, bool):
+            raise ProtocolError("error: reason must be text, fatal true or false")
+        return cls(_int(h, "id"), reason[:300], fatal)
 
 
 @dataclass
@@ -345,8 +376,11 @@ class Configure:
     @classmethod
     def from_message(cls, h: dict, tensors) -> Configure:
         addrs = h.get("addresses")
-        if not isinstance(addrs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in addrs.items()):
-            raise ProtocolError("configure: addresses must map node names to tcp:// addresses")
+        if not isinstance(addrs, dict) or not addrs or len(addrs) > 4096:
+            raise ProtocolError("configure: addresses must map node names to tcp://host:port")
+        for k, v in addrs.items():
+            if not (isinstance(k, str) and _NODE_NAME.match(k) and tcp_address(v, wire=True) == v):
+                raise ProtocolError("configure: addresses must map node names to tcp://host:port")
         return cls(_int(h, "id"), addrs)
 
 

@@ -44,7 +44,19 @@ class Layout:
     user_hw: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     expert_flops: float = 0.0
     expert_bytes: float = 0.0
+    # what a node checks every request against (set from the model directory by cluster.load_context)
+    top_k: int | None = None
+    hidden_size: int | None = None
+    wire_dtype: str | None = None  # numpy dtype of hidden states on the wire (bf16 travels as uint16)
+    dtype_tag: str | None = None  # "bfloat16" when uint16 carries bf16
     _cand: dict = field(default_factory=dict, repr=False)
+
+    def max_message_bytes(self, max_rows: int) -> int:
+        """The largest frame a peer may send (ZeroMQ's ``MAXMSGSIZE``): ``max_rows`` hidden states
+        of the model, or a header of :data:`~slimcaching.runtime.protocol.MAX_HEADER_BYTES`."""
+        width = self.hidden_size or max(1, int(self.hidden_bytes))
+        itemsize = {"float32": 4, "float16": 2, "uint16": 2}.get(self.wire_dtype, 8)
+        return max(1 << 20, max_rows * width * itemsize)
 
     def candidates(self, home: str, layer: int, expert: int) -> list[tuple[float, str]]:
         """Holders of (layer, expert) reachable from ``home``, cheapest first (ties: node order)."""
@@ -129,7 +141,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
                   node_hw={**{s.name: (s.flops, s.mem_bandwidth) for s in sc.servers},
                            CLOUD: (sc.cloud.flops, sc.cloud.mem_bandwidth)},
                   user_hw={u.name: (u.flops, u.mem_bandwidth) for u in sc.users},
-                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes)
+                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k)
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ import numpy as np
 from slimcaching.errors import ScenarioError
 from slimcaching.hf import load_model
 from slimcaching.latency import exec_time
+from slimcaching.limits import limit
 from slimcaching.problem import build_problem
 from slimcaching.queueing import simulate_queueing
 from slimcaching.runtime.cluster import load_context
@@ -67,7 +68,7 @@ def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[t
     out = []
     for item in items or []:
         node, sep, tok = item.partition("@")
-        if not sep or not tok.isdigit():
+        if not sep or not (tok.isascii() and tok.isdigit()) or len(tok) > 12:
             raise ScenarioError(flag, "expected NODE@TOKEN", item)
         if node not in nodes:
             raise ScenarioError(flag, f"unknown node (nodes: {', '.join(nodes)})", node)
@@ -75,9 +76,32 @@ def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[t
     return out
 
 
+def check_prompt_lengths(model_dir, prompts: list[str], max_new_tokens: int) -> None:
+    """Every prompt, with ``max_new_tokens`` more, fits the model's context and one request's rows
+    (``request_rows``): checked before any node starts or any memory is spent on a long prompt."""
+    from transformers import AutoConfig, AutoTokenizer  # optional extra (hf)
+
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    cfg = getattr(cfg, "text_config", None) or cfg
+    context = int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
+    if context is not None and max_new_tokens >= context:
+        raise ScenarioError("max_new_tokens", f"must be below the model's context of {context} tokens", max_new_tokens)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rows = limit("request_rows")
+    for i, text in enumerate(prompts):
+        n = len(tok(text)["input_ids"])
+        if context is not None and n + max_new_tokens > context:
+            raise ScenarioError(f"prompts[{i}]", f"{n} tokens + {max_new_tokens} new ones exceed the model's "
+                                f"context of {context}")
+        if n > rows:
+            raise ScenarioError(f"prompts[{i}]", f"{n} tokens exceed the request_rows limit of {rows} "
+                                "(raise SLIMCACHING_LIMIT_REQUEST_ROWS if this is meant)")
+
+
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
-                   counter=None, between_tokens=None) -> dict:
-    """One user's device: load the dense part and local experts, generate every prompt."""
+                   counter=None, between_tokens=None, keyring=None) -> dict:
+    """One user's device: load the dense part and local experts, generate every prompt (with a
+    :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
     import torch  # optional extra (hf)
     from transformers import AutoTokenizer  # optional extra (hf)
 
@@ -96,7 +120,7 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
     tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
     client = DeviceClient(user, lay, addresses, local, emulate=opts.emulate, pace=opts.pace,
                           deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                          retry_after_s=opts.retry_after_s)
+                          retry_after_s=opts.retry_after_s, keyring=keyring)
     install(model, client)
 
     gc.collect()
@@ -158,12 +182,13 @@ def _init_worker(counter) -> None:
 
 
 def _worker(args) -> dict:
-    scenario, placement, model_dir, model_name, user, prompts, addresses, opts, slot = args
+    scenario, placement, model_dir, model_name, user, prompts, addresses, opts, slot, keyring = args
     counter = (_COUNTER, slot)
+    from slimcaching.runtime.security import Keyring  # optional extra (runtime: pyzmq)
 
     try:
         ctx = load_context(scenario, placement, model_dir, model_name)
-        return device_session(ctx, user, prompts, addresses, opts, counter)
+        return device_session(ctx, user, prompts, addresses, opts, counter, keyring=Keyring.from_dict(keyring))
     except Exception as exc:  # returned to the launcher as one line
         return {"user": user, "error": f"{type(exc).__name__}: {exc}"}
 
@@ -214,6 +239,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             raise ScenarioError("users", f"unknown user (e.g. {', '.join(names[:5])})", u)
     if not opts.prompts:
         raise ScenarioError("prompts", "no prompts")
+    check_prompt_lengths(ctx.model_dir, opts.prompts, opts.max_new_tokens)
     kills = list(opts.kills)
     if any(n == "cloud" for n, _ in kills):
         say("note: killing the cloud leaves experts that no edge server holds without any copy")
@@ -229,7 +255,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
                       emulate=opts.emulate, pace=opts.pace, deadline_factor=opts.deadline_factor,
                       deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
                       start_timeout=opts.start_timeout_s, launcher=opts.launcher,
-                      ray_address=opts.ray_address) as cluster:
+                      ray_address=opts.ray_address, users=users) as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:
@@ -239,15 +265,16 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             if len(users) == 1:
                 try:
                     sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts,
-                                               (counter.slots, 0),
-                                               between_tokens=chaos.due)]
+                                               (counter.slots, 0), between_tokens=chaos.due,
+                                               keyring=cluster.keyring(users[0]))]
                 except ClusterError as exc:
                     raise ScenarioError("cluster", str(exc)) from None
             else:
                 pool_ctx = mp.get_context("spawn")
                 with pool_ctx.Pool(len(users), initializer=_init_worker, initargs=(counter.slots,)) as pool:
                     sessions = pool.map(_worker, [(opts.scenario, opts.placement, str(ctx.model_dir), lay.model,
-                                                   u, opts.prompts, cluster.addresses, opts, i)
+                                                   u, opts.prompts, cluster.addresses, opts, i,
+                                                   cluster.keyring(u).to_dict())
                                                   for i, u in enumerate(users)])
         finally:
             chaos.stop_flag.set()
