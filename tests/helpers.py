@@ -17,7 +17,7 @@ from slimcaching.scenario import resolve_local_caches
 def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts: int = 4, top_k: int = 2,
                        layers: int = 2, models: int = 1, capacity_experts: float = 2.0,
                        local_experts: int = 1, links: str = "line", sets_per_layer: int | None = None,
-                       mem_bandwidth: bool = True, reach: int = 0) -> dict:
+                       mem_bandwidth: bool = True, reach: int = 0, overhead: bool = False) -> dict:
     rng = np.random.default_rng(seed)
     mods = []
     for mi in range(models):
@@ -77,8 +77,17 @@ def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts:
                 u["reach"] = [{"server": f"s{int(n)}", "uplink_bps": float(rr.uniform(1e7, 2e8)),
                                "downlink_bps": float(rr.uniform(3e7, 3e8)),
                                "rtt_s": float(rr.uniform(0.0, 0.012))} for n in pick]
-    return {"name": "tiny", "models": mods, "cloud": {"flops": 1e14, "mem_bandwidth": 1e12}, "servers": srv,
+    cloud = {"flops": 1e14, "mem_bandwidth": 1e12}
+    if overhead:  # per-message software overhead at every node, its own stream too
+        ro = np.random.default_rng([seed, 11])
+        for node in srv + usr + [cloud]:
+            node["message_overhead_s"] = float(ro.uniform(0.0, 0.002))
+    return {"name": "tiny", "models": mods, "cloud": cloud, "servers": srv,
             "server_links": lks, "profiles": profiles, "users": usr}
+
+
+def _o(node) -> float:
+    return getattr(node, "message_overhead_s", 0.0)
 
 
 def _exec(flops, nbytes, f, bw):
@@ -101,8 +110,12 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
             bits = 8 * d
             dist = _dist(sc, bits)  # Floyd-Warshall on one-way link costs
             # V_u (SPEC section 6): the home with the user's own link, then each reached server
-            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s)]
-            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s) for rv in u.reach]
+            srv = {s.name: s for s in sc.servers}
+            # a request and its reply each cost o at their sender and their receiver
+            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+                       + 2 * (_o(u) + _o(srv[u.home])))]
+            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s
+                        + 2 * (_o(u) + _o(srv[rv.server]))) for rv in u.reach]
             t_cloud = _exec(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
             t_u = _exec(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
             total = _exec(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
@@ -119,11 +132,13 @@ def reference_latency(sc, placement: dict[str, set], local: dict[str, set] | Non
                             q = math.inf
                             for v, a_v in access:
                                 sv = next(s for s in sc.servers if s.name == v)
-                                r = 2 * bits / sv.cloud_rate_bps + sv.cloud_rtt_s + t_cloud
+                                r = (2 * bits / sv.cloud_rate_bps + sv.cloud_rtt_s + 2 * (_o(sv) + _o(sc.cloud))
+                                     + t_cloud)
                                 for s in sc.servers:
                                     if k in placement.get(s.name, set()):
                                         t_n = _exec(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
-                                        r = min(r, 2 * dist[v, s.name] + t_n)
+                                        o = 2 * (_o(sv) + _o(s)) if s.name != v else 0.0
+                                        r = min(r, 2 * dist[v, s.name] + o + t_n)
                                 q = min(q, a_v + r)
                             worst = max(worst, q)
                         t_rem = worst
@@ -192,16 +207,23 @@ def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set
             m = sc.model(mname)
             bits = 8 * m.hidden_bytes
             dist = _dist(sc, bits)
-            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s)]
-            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s) for rv in u.reach]
+            access = [(u.home, bits / u.uplink_bps + bits / u.downlink_bps + u.rtt_s
+                       + 2 * (_o(u) + _o(srv[u.home])))]
+            access += [(rv.server, bits / rv.uplink_bps + bits / rv.downlink_bps + rv.rtt_s
+                        + 2 * (_o(u) + _o(srv[rv.server]))) for rv in u.reach]
 
-            def r_from(n, key, m=m, bits=bits, dist=dist):
-                s_n = srv[n]
-                best = 2 * bits / s_n.cloud_rate_bps + s_n.cloud_rtt_s + t_cl(m)
+            def relay(v, n, dist=dist):
+                return 2 * dist[v, n] + (2 * (_o(srv[v]) + _o(srv[n])) if v != n else 0.0)
+
+            def up(v, bits=bits):
+                return 2 * bits / srv[v].cloud_rate_bps + srv[v].cloud_rtt_s + 2 * (_o(srv[v]) + _o(sc.cloud))
+
+            def r_from(n, key, m=m, up=up, relay=relay):
+                best = up(n) + t_cl(m)
                 for k, s in srv.items():
                     if key in placement.get(k, set()):
-                        best = min(best, 2 * dist[n, k] + _exec(m.expert_flops, m.expert_bytes, s.flops,
-                                                                 s.mem_bandwidth))
+                        best = min(best, relay(n, k) + _exec(m.expert_flops, m.expert_bytes, s.flops,
+                                                              s.mem_bandwidth))
                 return best
 
             def layers_from(n, m=m, entries=entries, wsum=wsum):
@@ -212,11 +234,11 @@ def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set
                             tot += w.weight / wsum * p * max(r_from(n, (m.name, layer, e)) for e in sset)
                 return tot
 
-            cloud = min(a + 2 * bits / srv[v].cloud_rate_bps + srv[v].cloud_rtt_s for v, a in access) \
+            cloud = min(a + up(v) for v, a in access) \
                 + _exec(m.dense_flops, m.dense_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth) + m.layers * t_cl(m)
             split = {}
             for n, s in srv.items():
-                split[n] = (min(a + 2 * dist[v, n] for v, a in access)
+                split[n] = (min(a + relay(v, n) for v, a in access)
                             + _exec(m.dense_flops, m.dense_bytes, s.flops, s.mem_bandwidth) + layers_from(n))
             one = copy.copy(sc)
             one._index = {}

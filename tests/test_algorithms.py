@@ -25,7 +25,8 @@ CONTRACT_SCENARIOS = [
     dict(seed=1, servers=3, users=4, experts=4, top_k=2, layers=2, models=2, capacity_experts=3),
     dict(seed=2, servers=2, users=3, experts=5, top_k=3, layers=2, models=1, capacity_experts=4, links="none"),
     dict(seed=3, servers=3, users=5, experts=4, top_k=1, layers=3, models=1, capacity_experts=2.5),
-    dict(seed=4, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=60, reach=2),
+    dict(seed=4, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=60, reach=2,
+         overhead=True),
 ]
 
 

@@ -119,7 +119,7 @@ def test_hybrid_quality_against_the_milp():
 @pytest.mark.parametrize("reach", [0, 2])
 def test_parts_add_up_and_simulation_agrees(reach):
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,
-                       reach=reach)
+                       reach=reach, overhead=reach > 0)
     for name in ("slimcaching", "u-shaped", "u-shaped-partial", "slimcaching-hybrid"):
         pl = solve(problem, name)
         choice, lat, parts = latency_parts(problem, pl.x, pl.dense, pl.latency_model)
@@ -287,7 +287,7 @@ def test_queueing_split_style_matches_analytic_at_low_load_and_queues_at_high(na
     from slimcaching.queueing import simulate_queueing
 
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,
-                       reach=1)
+                       reach=1, overhead=True)
     pl = solve(problem, name)
     low = simulate_queueing(problem, pl.x, 20000, load=1e-6, seed=2, dense=pl.dense, latency_model=pl.latency_model)
     total = mean_latency(problem, pl.x, pl.dense, pl.latency_model)

@@ -35,6 +35,7 @@ scenario_args = st.fixed_dictionaries({
     "links": st.sampled_from(["line", "random", "none"]),
     "mem_bandwidth": st.booleans(),
     "reach": st.sampled_from([0, 0, 1, 2]),
+    "overhead": st.booleans(),
 })
 
 

@@ -55,6 +55,16 @@ def backhaul_time(bits: float, rate_bps: float, rtt_s: float) -> float:
     return 2.0 * bits / rate_bps + rtt_s
 
 
+def message_round_trip(overhead_a: float, overhead_b: float) -> float:
+    """Software time of one request from a to b and its reply (LogP's o): each message costs its
+    sender and its receiver their ``message_overhead_s`` once, ``2 (o_a + o_b)`` for the pair.
+
+    >>> message_round_trip(0.0002, 0.0003)
+    0.001
+    """
+    return 2.0 * (overhead_a + overhead_b)
+
+
 def relay_graph(nodes: Iterable, links: Iterable[tuple], bits: float) -> nx.Graph:
     """The server-link graph for one hidden state of ``bits``.
 

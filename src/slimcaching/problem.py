@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from slimcaching.latency import access_time, backhaul_time, exec_time, relay_graph
+from slimcaching.latency import access_time, backhaul_time, exec_time, message_round_trip, relay_graph
 from slimcaching.scenario import Scenario, resolve_local_caches
 
 INF = np.inf
 
 
 def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
-    """Return (c_edge [N, N, M], c_cloud [N, M]) of docs/model.md's relay costs, in seconds."""
+    """Return (c_edge [N, N, M], c_cloud [N, M]) of docs/model.md's relay costs, in seconds,
+    each relay with its two messages' software overhead (``message_overhead_s`` at both ends)."""
     n, m = len(sc.servers), len(sc.models)
     c_edge = np.full((n, n, m), INF)
     c_cloud = np.empty((n, m))
@@ -50,10 +51,13 @@ def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
         for src, dists in nx.all_pairs_dijkstra_path_length(g, weight="w"):
             si = idx[src]
             for dst, d in dists.items():
-                c_edge[si, idx[dst], mi] = 2.0 * d
+                di = idx[dst]
+                c_edge[si, di, mi] = 2.0 * d + message_round_trip(sc.servers[si].message_overhead_s,
+                                                                  sc.servers[di].message_overhead_s)
             c_edge[si, si, mi] = 0.0
         for si, s in enumerate(sc.servers):
-            c_cloud[si, mi] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s)
+            c_cloud[si, mi] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s) + message_round_trip(
+                s.message_overhead_s, sc.cloud.message_overhead_s)
     return c_edge, c_cloud
 
 
@@ -272,6 +276,7 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     """
     sc = resolve_local_caches(sc)
     models = sc.models
+
     mnames = [m.name for m in models]
     midx = {n: i for i, n in enumerate(mnames)}
     sizes = [m.layers * m.experts for m in models]
@@ -286,6 +291,11 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     n = len(servers)
     sidx = sc.server_index
     c_edge, c_cloud = relay_costs(sc)
+
+    def user_access(u, m) -> float:  # a_u with the two messages' overhead (device and home)
+        return (access_time(8.0 * m.hidden_bytes, u.uplink_bps, u.downlink_bps, u.rtt_s)
+                + message_round_trip(u.message_overhead_s, servers[sidx[u.home]].message_overhead_s))
+
     server_exec = np.array([[exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
                              for m in models] for s in servers]).reshape(n, len(models))
     cloud_exec = np.array([exec_time(m.expert_flops, m.expert_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth)
@@ -300,7 +310,8 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     class_users: list[list[int]] = []
     for ui, u in enumerate(sc.users):
         key = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth,
-               tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)), u.reach)
+               tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)), u.reach,
+               u.message_overhead_s)
         if key not in keys:
             keys[key] = len(class_users)
             class_users.append([])
@@ -322,23 +333,25 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         u = sc.users[members[0]]
         class_home[c] = sidx[u.home]
         if u.reach:
-            vkey = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.reach)
+            vkey = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.reach, u.message_overhead_s)
             if vkey not in virtual:
                 virtual[vkey] = n + len(home_delta)
                 d = np.full((n, len(models)), INF)
                 for mi, m in enumerate(models):
                     bits = 8.0 * m.hidden_bytes
-                    a_home = access_time(bits, u.uplink_bps, u.downlink_bps, u.rtt_s)
+                    a_home = user_access(u, m)
                     d[sidx[u.home], mi] = 0.0
                     for rv in u.reach:
-                        d[sidx[rv.server], mi] = access_time(bits, rv.uplink_bps, rv.downlink_bps, rv.rtt_s) - a_home
+                        d[sidx[rv.server], mi] = (access_time(bits, rv.uplink_bps, rv.downlink_bps, rv.rtt_s)
+                                                  + message_round_trip(u.message_overhead_s,
+                                                                       servers[sidx[rv.server]].message_overhead_s)
+                                                  - a_home)
                 home_delta.append(d)
             class_home[c] = virtual[vkey]
         lam = sum(sc.users[k].rate for k in members)
         class_rate[c] = lam
         for mi, m in enumerate(models):
-            bits = 8.0 * m.hidden_bytes
-            class_access[c, mi] = access_time(bits, u.uplink_bps, u.downlink_bps, u.rtt_s)
+            class_access[c, mi] = user_access(u, m)
             class_local_exec[c, mi] = exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
             class_dense[c, mi] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
         for mn, layer, e in u.local_cache:

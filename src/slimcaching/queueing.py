@@ -45,6 +45,7 @@ from slimcaching.architectures import (
     profile_sets,
     serve,
 )
+from slimcaching.latency import message_round_trip
 from slimcaching.problem import Problem
 
 
@@ -91,7 +92,9 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
     backhaul_busy = np.zeros(n)
     bits = np.array([8.0 * m.hidden_bytes for m in sc.models])
     backhaul_rate = np.array([s.cloud_rate_bps for s in sc.servers])
-    backhaul_rtt = np.array([s.cloud_rtt_s for s in sc.servers])
+    # the backhaul round trip's fixed part: its RTT and the two messages' overhead (not queued)
+    backhaul_rtt = np.array([s.cloud_rtt_s + message_round_trip(s.message_overhead_s, sc.cloud.message_overhead_s)
+                             for s in sc.servers])
     c_edge = problem.holder_cost - problem.server_exec[None, :, :]  # relay part c_{h,n}
     latency = np.zeros(tokens)
     heap = []

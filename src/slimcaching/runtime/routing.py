@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from slimcaching.errors import ScenarioError
-from slimcaching.latency import access_time, backhaul_time, exec_time, relay_graph
+from slimcaching.latency import access_time, backhaul_time, exec_time, message_round_trip, relay_graph
 from slimcaching.scenario import Scenario
 
 CLOUD = "cloud"
@@ -44,6 +44,7 @@ class Layout:
     user_hw: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     expert_flops: float = 0.0
     expert_bytes: float = 0.0
+    overhead: dict[str, float] = field(default_factory=dict)  # node or "user:<name>" -> message_overhead_s
     # what a node checks every request against (set from the model directory by cluster.load_context)
     top_k: int | None = None
     hidden_size: int | None = None
@@ -79,8 +80,9 @@ class Layout:
         return exec_time(self.expert_flops * max(tokens, 1), self.expert_bytes, flops, bw)
 
     def access_s(self, user: str) -> float:
-        """a_u of docs/model.md §latency for this model."""
-        return access_time(8.0 * self.hidden_bytes, *self.access[user])
+        """a_u of docs/model.md §latency for this model (with the two messages' overhead)."""
+        return access_time(8.0 * self.hidden_bytes, *self.access[user]) + message_round_trip(
+            self.overhead.get("user:" + user, 0.0), self.overhead.get(self.homes[user], 0.0))
 
     def predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
         """T_l(S) of docs/model.md §latency for the set the token actually used."""
@@ -115,15 +117,19 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
     hop: dict[tuple[str, str], tuple[float, float]] = {}
     for a, b, link in g.edges(data="link"):
         hop[(a, b)] = hop[(b, a)] = link
+    overhead = {s.name: s.message_overhead_s for s in sc.servers}
+    overhead[CLOUD] = sc.cloud.message_overhead_s
+    overhead.update({"user:" + u.name: u.message_overhead_s for u in sc.users})
     relay: dict[tuple[str, str], float] = {}
     paths: dict[tuple[str, str], list] = {}
     for src, (dist, path) in nx.all_pairs_dijkstra(g, weight="w"):
         for dst, d in dist.items():
-            relay[(src, dst)] = 0.0 if src == dst else 2.0 * d
+            relay[(src, dst)] = 0.0 if src == dst else 2.0 * d + message_round_trip(overhead[src], overhead[dst])
             p = path[dst]
             paths[(src, dst)] = list(zip(p[:-1], p[1:]))
     for s in sc.servers:
-        relay[(s.name, CLOUD)] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s)
+        relay[(s.name, CLOUD)] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s) + message_round_trip(
+            overhead[s.name], overhead[CLOUD])
         paths[(s.name, CLOUD)] = [(s.name, CLOUD)]
         hop[(s.name, CLOUD)] = hop[(CLOUD, s.name)] = (s.cloud_rate_bps, s.cloud_rtt_s / 2.0)
     relay[(CLOUD, CLOUD)] = 0.0
@@ -141,7 +147,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
                   node_hw={**{s.name: (s.flops, s.mem_bandwidth) for s in sc.servers},
                            CLOUD: (sc.cloud.flops, sc.cloud.mem_bandwidth)},
                   user_hw={u.name: (u.flops, u.mem_bandwidth) for u in sc.users},
-                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k)
+                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k, overhead=overhead)
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -22,6 +22,12 @@ def _num(x: float | None) -> float | None:
     return x
 
 
+def _overhead(v: float):
+    """A message overhead in the canonical form: left out when zero (the default), so scenarios
+    without one keep their canonical form."""
+    return _num(v) if v else None
+
+
 def canonical_dict(sc: Scenario) -> dict:
     """The canonical, fully resolved form (``slimcaching/scenario@1``), SI numbers only."""
     sc = resolve_local_caches(sc)
@@ -37,11 +43,12 @@ def canonical_dict(sc: Scenario) -> dict:
                  **{f: _num(getattr(m, f)) for f in MODEL_FIELDS[3:]}})
             for m in sc.models
         ],
-        "cloud": opt({"flops": _num(sc.cloud.flops), "mem_bandwidth": _num(sc.cloud.mem_bandwidth)}),
+        "cloud": opt({"flops": _num(sc.cloud.flops), "mem_bandwidth": _num(sc.cloud.mem_bandwidth),
+                      "message_overhead_s": _overhead(sc.cloud.message_overhead_s)}),
         "servers": [
             opt({"name": s.name, "capacity_bytes": _num(s.capacity_bytes), "flops": _num(s.flops),
                  "mem_bandwidth": _num(s.mem_bandwidth), "cloud_rate_bps": _num(s.cloud_rate_bps),
-                 "cloud_rtt_s": _num(s.cloud_rtt_s)})
+                 "cloud_rtt_s": _num(s.cloud_rtt_s), "message_overhead_s": _overhead(s.message_overhead_s)})
             for s in sc.servers
         ],
         "server_links": [
@@ -59,7 +66,8 @@ def canonical_dict(sc: Scenario) -> dict:
                               for w in u.workload],
                  "local_cache": [[m, int(layer), int(e)] for m, layer, e in u.local_cache],
                  "reach": [{"server": r.server, "uplink_bps": _num(r.uplink_bps), "downlink_bps": _num(r.downlink_bps),
-                            "rtt_s": _num(r.rtt_s)} for r in u.reach] or None})
+                            "rtt_s": _num(r.rtt_s)} for r in u.reach] or None,
+                 "message_overhead_s": _overhead(u.message_overhead_s)})
             for u in sc.users
         ],
     }

@@ -91,8 +91,8 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
         items += m.layers * m.experts
     check("items", items, "models", "experts over all layers and models")
     mby = {m.name: m for m in models}
-    servers = [Server(s.name, s.capacity_bytes, s.flops, s.mem_bandwidth, s.cloud_rate_bps, s.cloud_rtt_s)
-               for s in sin.servers]
+    servers = [Server(s.name, s.capacity_bytes, s.flops, s.mem_bandwidth, s.cloud_rate_bps, s.cloud_rtt_s,
+                      s.message_overhead_s) for s in sin.servers]
     col.run(_unique, [s.name for s in servers], "servers")
     snames = {s.name for s in servers}
     links = []
@@ -180,7 +180,8 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
                                                     "lists a server that is also a member's home", h))
         start += g.count if (g.homes == "all" and servers) or (g.homes != "all" and g.homes) else 0
     col.raise_if_any()
-    sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth), servers, links, users,
+    sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth, sin.cloud.message_overhead_s), servers,
+                  links, users,
                   profiles, sin.local_policy, sin.name)
     _check_finite_latencies(sc, sin)
     return sc
@@ -311,6 +312,7 @@ def _make_user(name: str, home: str, f: UserFields, where: str) -> User:
         workload=[WorkloadEntry(w.model, float(w.weight), w.profile) for w in f.workload],
         local_cache=[(str(a), int(b), int(c)) for a, b, c in f.local_cache] if f.local_cache is not None else None,
         reach=tuple(Reach(r.server, r.uplink_bps, r.downlink_bps, r.rtt_s) for r in f.reach or ()),
+        message_overhead_s=f.message_overhead_s,
     )
 
 

@@ -75,6 +75,7 @@ class CloudIn(_Strict):
 
     flops: FlopRate
     mem_bandwidth: ByteRate | None = None
+    message_overhead_s: Seconds = 0.0
 
 
 class ServerIn(_Strict):
@@ -86,6 +87,7 @@ class ServerIn(_Strict):
     mem_bandwidth: ByteRate | None = None
     cloud_rate_bps: BitRate
     cloud_rtt_s: Seconds
+    message_overhead_s: Seconds = 0.0
 
 
 class LinkIn(_Strict):
@@ -127,6 +129,7 @@ class UserFields(_Strict):
     workload: list[WorkloadIn] = Field(min_length=1)
     local_cache: list[tuple[Ref, int, int]] | None = None
     reach: list[ReachIn] | None = None
+    message_overhead_s: Seconds = 0.0
 
 
 class UserIn(UserFields):

@@ -33,6 +33,7 @@ class Cloud:
 
     flops: float
     mem_bandwidth: float | None = None
+    message_overhead_s: float = 0.0  # o: software time per message sent or received (docs/model.md)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Server:
     mem_bandwidth: float | None
     cloud_rate_bps: float
     cloud_rtt_s: float
+    message_overhead_s: float = 0.0  # o: software time per message sent or received (docs/model.md)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class User:
     workload: list[WorkloadEntry]
     local_cache: list[tuple[str, int, int]] | None = None
     reach: tuple[Reach, ...] = ()
+    message_overhead_s: float = 0.0  # o of the device: software time per message sent or received
 
 
 @dataclass
