@@ -47,7 +47,7 @@ def test_regime_map_quick(tmp_path, monkeypatch):
     import dataclasses
 
     exp = EXPERIMENTS["regimes"]
-    cells = (("rtt", 0.5e9, 0.0), ("rtt", 10e9, 0.0), ("uplink", 0.5e9, 10e6), ("load", 0.5e9, 300.0))
+    cells = (("rtt", 0.5e9, 0.0), ("uplink", 0.5e9, 10e6), ("load", 0.5e9, 300.0))  # one cell per grid
     monkeypatch.setitem(EXPERIMENTS, "regimes", dataclasses.replace(exp, quick_values=cells))
     path = run_experiment("regimes", tmp_path, seeds=1, quick=True, backend="serial")
     rows = _rows(path)
