@@ -298,6 +298,8 @@ def test_concurrent_users_and_pace(model_dirs, tmp_path):
                                          "queue_s", "serialise_s", "overhead_s"}
     for st in rep["nodes"].values():
         assert st["rss_bytes"] > 0
+    for dev in rep["devices"].values():  # each device process's own peak
+        assert dev["peak_rss_bytes"] >= dev["rss_bytes"] > 0
 
 
 @pytest.mark.ray
@@ -536,3 +538,65 @@ def test_calibrate_prints_flops(model_dirs, capsys):
     assert main(["calibrate", "--model", str(d), "--tokens", "4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["dense_flops_per_s"] > 0 and r["expert_flops_per_s"] > 0 and r["expert_s"] > 0
+
+
+_PEAK = r"""
+import json, sys
+from slimcaching.hf import load_model
+from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.device import load_device_model
+from slimcaching.runtime.session import peak_rss_bytes
+
+
+def fresh_peak():  # Linux: reset the peak to the current RSS (/proc/self/clear_refs, "5")
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return peak_rss_bytes()
+
+
+out = {}
+runs = json.loads(sys.argv[1])
+warm = load_context(*runs[0][1:])  # imports and first-use caches are not what is measured
+load_device_model(warm.model_dir, warm.layout, "u0")
+load_model(runs[0][3])
+for tag, sc, pl, d in runs:
+    ctx = load_context(sc, pl, d)
+    for how in ("dense", "full"):
+        start = fresh_peak()
+        model = load_device_model(ctx.model_dir, ctx.layout, "u0")[0] if how == "dense" else load_model(d)[0]
+        out[f"{tag}-{how}"] = {"grew": peak_rss_bytes() - start, "params": sum(p.numel() for p in model.parameters())}
+        del model
+print(json.dumps(out))
+"""
+
+
+def test_device_peak_memory_does_not_grow_with_experts_it_does_not_hold(tmp_path):
+    """Two checkpoints that differ only in expert count (8 and 64 experts of 0.375 MiB, two layers):
+    loading the device's model raises the process's peak RSS by amounts that differ by less than
+    10 MB, while loading the whole model costs the 42 MiB of experts more."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    from test_hf import VOCAB, _tokenizer
+
+    runs = []
+    for experts in (8, 64):
+        d = tmp_path / f"e{experts}"
+        cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=512,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         max_position_embeddings=128, num_local_experts=experts,
+                                         num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        torch.manual_seed(0)
+        transformers.MixtralForCausalLM(cfg).save_pretrained(d)
+        _tokenizer().save_pretrained(d)
+        sc = write_scenario(tmp_path / f"sc{experts}.yaml", scenario_dict(d, capacity="1 kB", cache="0 B"))
+        runs.append([str(experts), str(sc), str(solve(sc, "none", tmp_path / f"none{experts}.json")), str(d)])
+    out = subprocess.run([sys.executable, "-c", _PEAK, json.dumps(runs)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(got)
+    assert got["64-dense"]["params"] - got["8-dense"]["params"] == 2 * 56 * 64  # the dense parts differ by the routers
+    assert abs(got["64-dense"]["grew"] - got["8-dense"]["grew"]) < 10 * 2**20, got
+    assert got["64-full"]["grew"] - got["64-dense"]["grew"] > 30 * 2**20, got  # the test can tell: 42 MiB of experts

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from slimcaching.hf import find_moe_layers, load_model
+from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
@@ -31,6 +31,7 @@ from slimcaching.runtime.linkemu import Link, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
+from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import to_numpy
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
@@ -329,10 +330,9 @@ def install(model, client: DeviceClient) -> int:
 
 
 def load_device_model(model_dir, layout: Layout, user: str):
-    """The model with its dense part (experts replaced later) and the user's local experts."""
-
-
-    model, config = load_model(str(model_dir))
+    """The model with its dense part only (no routed expert is read from the checkpoint; remote
+    ones are installed later) and the user's local experts."""
+    model, config = load_partial_model(str(model_dir), drop="experts")
     source = expert_source(model_dir)
     local = load_experts(source, layout.local[user])
     return model, config, local

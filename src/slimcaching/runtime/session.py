@@ -15,6 +15,7 @@ import copy
 import gc
 import math
 import multiprocessing as mp
+import resource
 import statistics
 import tempfile
 import time
@@ -74,6 +75,20 @@ def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[t
             raise ScenarioError(flag, f"unknown node (nodes: {', '.join(nodes)})", node)
         out.append((node, int(tok)))
     return out
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size: ``VmHWM`` of /proc/self/status on Linux, which starts
+    afresh at exec (``getrusage``'s ``ru_maxrss`` survives exec, so a device process started from a
+    large launcher would report the launcher's size); ``getrusage`` elsewhere."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # pragma: no cover
 
 
 def check_prompt_lengths(model_dir, prompts: list[str], max_new_tokens: int) -> None:
@@ -159,7 +174,7 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
     finally:
         client.close()
     return {"user": user, "results": results, "fallbacks": client.fallbacks, "late_replies": client.late_replies,
-            "rss_bytes": rss_bytes(), "local_experts": len(local)}
+            "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(), "local_experts": len(local)}
 
 
 _COUNTER = None
@@ -373,8 +388,9 @@ def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> di
         "ratio_p90": float(np.percentile(ratios, 90)) if ratios else None,
         "breakdown_mean_s": {k: _mean([r["breakdown"][k] for r in rows]) for k in BREAKDOWN},
         "nodes": nodes,
-        "devices": {s["user"]: {"rss_bytes": s["rss_bytes"], "local_experts": s["local_experts"],
-                                "late_replies": s["late_replies"]} for s in sessions},
+        "devices": {s["user"]: {"rss_bytes": s["rss_bytes"], "peak_rss_bytes": s["peak_rss_bytes"],
+                                "local_experts": s["local_experts"], "late_replies": s["late_replies"]}
+                    for s in sessions},
         "failures": events,
         "fallbacks": {"devices": [dict(f, user=s["user"]) for s in sessions for f in s["fallbacks"]],
                       "nodes": {n: st.get("stats", {}).get("fallbacks", []) for n, st in nodes.items()
