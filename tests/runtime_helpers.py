@@ -69,6 +69,8 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
         srv = NodeServer(n, ctx.layout, experts, emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s,
                          retry_after_s=retry_after_s, log=log or (lambda msg: None),
                          keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure)
+        if n in ctx.layout.split_hosts:
+            srv.enable_split(ctx.model_dir)
         addrs[n] = f"tcp://127.0.0.1:{srv.bind('127.0.0.1', 0)}"
         servers[n] = srv
     for srv in servers.values():

@@ -151,6 +151,36 @@ def serve(problem: Problem, opts: PairOptions, dense: np.ndarray | None, latency
     return choice, lat
 
 
+def user_architectures(problem: Problem, x: np.ndarray, dense: np.ndarray | None, latency_model: str,
+                       model: str) -> dict[str, list[tuple[float, str]]]:
+    """Per user of ``model``: its ways to be served, fastest first, as (latency, name): the name
+    ``slimcaching``, ``cloud`` or a split server's; the first is the one :func:`serve` picks (what
+    ``evaluate`` reports), the others are fail-over targets for split-style pairs (dense hosts and
+    the cloud, SlimCaching-style only where the latency model allows it)."""
+    p = problem
+    mi = p.model_names.index(model)
+    opts = pair_options(p, x, slim=latency_model in ("slimcaching", "hybrid"))
+    choice, lat = serve(p, opts, dense, latency_model)
+    dense = np.zeros((p.n_servers, len(p.model_names)), bool) if dense is None else dense
+    out = {}
+    for c, members in enumerate(p.class_users):
+        if p.class_model_weight[c, mi] <= 0:
+            continue
+        ch = int(choice[c, mi])
+        if ch == SLIM:
+            ways = [(float(opts.slim[c, mi]), "slimcaching")]
+        else:
+            split = [(float(opts.split[c, mi, n]), p.server_names[n]) for n in np.nonzero(dense[:, mi])[0]]
+            if latency_model == "u-shaped-partial":  # the home or the cloud
+                split = [w for w in split if w[1] == p.server_names[p.class_server[c]]]
+            ways = sorted(split + [(float(opts.cloud[c, mi]), "cloud")])
+            first = "cloud" if ch == CLOUD else p.server_names[ch]
+            ways.sort(key=lambda w: w[1] != first)  # the chosen one first (ties as serve breaks them)
+        for ui in members:
+            out[p.scenario.users[ui].name] = ways
+    return out
+
+
 def mean_latency(problem: Problem, x: np.ndarray, dense: np.ndarray | None, latency_model: str) -> float:
     """Mean per-token latency of (x, dense) under ``latency_model`` (seconds)."""
     if latency_model == "slimcaching":

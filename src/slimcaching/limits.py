@@ -29,6 +29,8 @@ DEFAULTS = {
     "in_flight": 4_096,  # requests a node holds at once, over all connections
     "in_flight_bytes": 256 << 20,  # bytes of hidden states a node holds at once, over all connections
     "connections": 1_024,  # connections a node accepts at once
+    "split_sessions_per_user": 4,  # split-style sessions (KV caches) a host keeps per user; the oldest goes
+    "split_sessions": 256,  # split-style sessions a host keeps in all; the least recently used goes
     "prompt_chars": 1_000_000,  # characters of one prompt, checked before it is tokenised
 }
 

@@ -20,10 +20,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from slimcaching.architectures import user_architectures
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import problem_for
 from slimcaching.fileio import read_data_file
-from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint
+from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint, text_config
 from slimcaching.placement import load_placement
 from slimcaching.problem import build_problem
 from slimcaching.runtime.addresses import tcp_address
@@ -64,9 +65,6 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
     pl = load_placement(placement, base)
     problem = problem_for(sc, pl) if pl.local else base
     sc = problem.scenario  # local caches resolved (placement's, else the scenario's policy)
-    if pl.latency_model != "slimcaching":
-        raise ScenarioError("placement.latency_model", "the runtime executes SlimCaching-style placements only",
-                            pl.latency_model)
     mdir = Path(model_dir).expanduser()
     if not mdir.is_dir():
         raise ScenarioError("model", "model directory not found", str(model_dir))
@@ -95,8 +93,13 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
     edge = {s: [list(problem.item_key(i)) for i in pl.x[n].nonzero()[0]]
             for n, s in enumerate(problem.server_names)}
     layout = build_layout(sc, edge, model_name)
-    layout.hidden_size, layout.wire_dtype, layout.dtype_tag = wire_format(mdir)
-    data = {"edge": edge, "algorithm": pl.algorithm}
+    layout.hidden_size, layout.wire_dtype, layout.dtype_tag, layout.context = wire_format(mdir)
+    # how each user is served: what evaluate reports, with the other ways as fail-over targets
+    layout.ways = user_architectures(problem, pl.x, pl.dense, pl.latency_model, model_name)
+    layout.split_hosts = {w for ways in layout.ways.values() if ways[0][1] != "slimcaching" for _, w in ways}
+    dense = {s: [problem.model_names[m] for m in pl.dense[n].nonzero()[0]] for n, s in enumerate(problem.server_names)
+             } if pl.dense is not None else {}
+    data = {"edge": edge, "algorithm": pl.algorithm, "latency_model": pl.latency_model, "dense": dense}
     return Context(sc, layout, data, mdir)
 
 
@@ -104,16 +107,18 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _WIRE = {"F32": ("float32", None), "F16": ("float16", None), "BF16": ("uint16", "bfloat16")}
 
 
-def wire_format(model_dir: Path) -> tuple[int, str, str | None]:
-    """(hidden size, wire dtype, dtype tag) of a model directory: what every node checks requests
-    against. The dtype is the expert weights' (the device runs the model in it)."""
+def wire_format(model_dir: Path) -> tuple[int, str, str | None, int | None]:
+    """(hidden size, wire dtype, dtype tag, context) of a model directory: what every node checks
+    requests against. The dtype is the expert weights' (the device runs the model in it); the
+    context is ``max_position_embeddings`` (None when the config has none)."""
     config, tensors = read_checkpoint(model_dir)
     _, _, hidden = config_experts_topk(config)
     dtypes = {info.dtype for blk in expert_blocks(tensors).values() for info in blk.values()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _WIRE:
         raise ScenarioError("model", f"expert weights must be of one of {', '.join(_WIRE)} (found "
                             f"{', '.join(sorted(dtypes)) or 'none'})", str(model_dir))
-    return int(hidden), *_WIRE[dtypes.pop()]
+    context = text_config(config).get("max_position_embeddings")
+    return int(hidden), *_WIRE[dtypes.pop()], context if type(context) is int and context > 0 else None
 
 
 def read_cluster_file(path: str | Path, nodes: list[str]) -> dict[str, str]:

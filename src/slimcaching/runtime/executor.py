@@ -7,6 +7,7 @@ behaves as on the modelled hardware. Batching across requests will live here too
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class ExpertExecutor:
         self.pace = pace
         self.compute_free_at = 0.0
         self.stats = {"executed": {}, "compute_s": 0.0, "queue_s": 0.0}
+        self.lock = contextlib.nullcontext()  # a split host's thread runs these modules too: it sets a real lock
 
     def holds(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self.experts
@@ -53,7 +55,7 @@ class ExpertExecutor:
         start = max(released, self.compute_free_at) if self.pace else start_real
         xt = to_torch(x, dtype_tag)
         outputs = {}
-        with torch.no_grad():
+        with self.lock, torch.no_grad():
             for e, rows in own:
                 outputs[e] = to_numpy(run_expert(self.experts[(layer, e)], xt[rows]))
                 key = f"{layer}:{e}"

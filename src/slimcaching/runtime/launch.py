@@ -166,6 +166,8 @@ class _NodeActor:
         self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
                                  deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
                                  retry_after_s=kw["retry_after_s"], keyring=Keyring.from_dict(kw["keyring"]))
+        if name in ctx.layout.split_hosts:
+            self.server.enable_split(ctx.model_dir)
         if host == "auto":  # the address of the machine this actor landed on
             import ray  # optional extra (ray)
 

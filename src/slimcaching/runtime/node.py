@@ -40,7 +40,7 @@ from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.executor import ExpertExecutor
 from slimcaching.runtime.linkemu import schedule_path
-from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest
+from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import Layout, reversed_path
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
 from slimcaching.runtime.transport import Transport
@@ -74,6 +74,16 @@ class Parent:
     remote: dict = field(default_factory=dict)  # holder -> its timing
     done: bool = False  # answered (its in-flight slot released)
     budget: bytes = b""  # whose in-flight budget it counts against (sender name, else connection)
+
+
+@dataclass
+class StepRelay:
+    """A split step this node (the device's access server) forwarded to its host."""
+
+    ident: bytes
+    req: SplitStep
+    who: bytes
+    deadline: float
 
 
 @dataclass
@@ -119,6 +129,8 @@ class NodeServer:
         self.dead_until: dict[str, float] = {}
         self.in_flight: dict[bytes, int] = {}  # sender (or connection) -> requests parked or running here
         self.internal_errors = 0  # exceptions caught while handling a message (each one answered)
+        self.step_pending: dict[int, StepRelay] = {}  # split steps this node forwarded to their host
+        self.split = None  # a SplitHost when this node runs split-style sessions (enable_split)
         self._users = frozenset(layout.homes)
         self._nodes = frozenset(layout.nodes)
 
@@ -142,11 +154,17 @@ class NodeServer:
         self.transport.connect_peers(addresses)
 
     def serve(self, parent_pid: int | None = None) -> None:
-        self.transport.serve(self.on_request, self.on_reply, self._next_deadline, self._check_deadlines,
-                             self.log, parent_pid)
+        try:
+            self.transport.serve(self.on_request, self.on_reply, self._next_deadline, self._check_deadlines,
+                                 self.log, parent_pid)
+        finally:
+            if self.split is not None:
+                self.split.close()
+            self.transport.close()
 
     def _next_deadline(self) -> float:
-        return min((s.deadline for s in self.pending.values()), default=float("inf"))
+        return min(min((s.deadline for s in self.pending.values()), default=float("inf")),
+                   min((s.deadline for s in self.step_pending.values()), default=float("inf")))
 
     def _reject(self, ident: bytes | None, rid: int, reason: str, fatal: bool = True) -> None:
         self.stats["rejected"] += 1
@@ -192,6 +210,10 @@ class NodeServer:
             self.running = False
         elif isinstance(msg, RunRequest):
             self._accept_run(ident, msg, sender)
+        elif isinstance(msg, SplitStep):
+            self._accept_step(ident, msg, sender)
+        elif isinstance(msg, SplitEnd):
+            self._end_session(msg, sender)
         else:
             self._reject(ident, msg.id, f"unexpected op {msg.op!r} on a node")
 
@@ -221,6 +243,111 @@ class NodeServer:
         self.in_flight[who] = self.in_flight.get(who, 0) + 1
         self.in_flight_bytes += msg.x.nbytes
         self.transport.at(msg.deliver_at or 0.0, lambda: self._process(ident, msg, who))
+
+    # ---- split-style steps (runtime/split.py) ------------------------------------------------------
+    def enable_split(self, model_dir) -> None:
+        """Run split-style sessions here: load the dense part and start the host's thread."""
+        from slimcaching.runtime.split import SplitHost  # start-up: torch and the model only where needed
+
+        self.split = SplitHost(self, model_dir)
+
+    def _accept_step(self, ident: bytes, msg: SplitStep, sender: str | None) -> None:
+        now = time.time()
+        reason = msg.check(self.layout, self.max_rows, now, self.config.max_deliver_ahead_s)
+        if reason is None and sender is not None:
+            if sender in self._users and (msg.user != sender or msg.reply_user != sender):
+                reason = f"step: a device may only ask for itself ({sender!r})"
+            elif sender in self._nodes and (msg.relay or msg.reply_user is not None):
+                reason = "step: a node's step is never relayed again nor sent to a user"
+        if reason is None and msg.host != self.name and not msg.relay:
+            reason = f"step: for {msg.host!r}, and relaying was not asked for"
+        if reason is None and msg.host == self.name and self.split is None:
+            reason = "step: this node runs no split-style sessions"
+        who = sender.encode() if sender is not None else ident
+        if reason is None and self.in_flight.get(who, 0) >= self.max_in_flight_per_peer:
+            reason = f"step: requests of this sender in flight already (limit {self.max_in_flight_per_peer})"
+        if reason is None and self.in_flight_bytes + msg.x.nbytes > self.max_in_flight_bytes:
+            reason = f"step: {self.max_in_flight_bytes:,} bytes of requests in flight at this node (limit)"
+        if reason:
+            self._reject(ident, msg.id, reason, fatal=False)
+            return
+        self.stats["requests"] += 1
+        self.in_flight[who] = self.in_flight.get(who, 0) + 1
+        self.in_flight_bytes += msg.x.nbytes
+        if msg.host == self.name:
+            links = [self.transport.link(tuple(hp)) for hp in msg.reply_hops]
+            if msg.reply_user is not None:
+                links.append(self.transport.link(("down", msg.reply_user)))
+            def done() -> None:  # called by the loop when the host's reply goes out
+                self._step_released(who, msg.x.nbytes)
+
+            self.transport.at(msg.deliver_at or 0.0, lambda: self.split.submit(ident, msg, links, done))
+        else:
+            self.transport.at(msg.deliver_at or 0.0, lambda: self._forward_step(ident, msg, who))
+
+    def _forward_step(self, ident: bytes, msg: SplitStep, who: bytes) -> None:
+        lay = self.layout
+        now = time.time()
+        path = lay.paths[(self.name, msg.host)]
+        sub = SplitStep(next(self.ids), msg.model, msg.user, msg.session, msg.start, msg.host, msg.x, relay=False,
+                        reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag)
+        sub.deliver_at = schedule_path([self.transport.link(hp) for hp in path],
+                                       protocol.message_bytes(sub.frames()), now)
+        n = msg.x.shape[0]
+        worst = max((c[0][0] for layer in range(lay.layers) for e in range(lay.experts)
+                     if (c := lay.candidates(msg.host, layer, e))), default=0.0)
+        bound = lay.relay_s[(self.name, msg.host)] + lay.paced_dense_s(msg.host, n) + lay.layers * (
+            worst + lay.paced_exec_s(msg.host, n))
+        if self.dead_until.get(msg.host, 0.0) > now or not self.transport.send_to_peer(msg.host, sub.frames()):
+            self._holder_failed(msg.host, "not connected")
+            self._step_done(ident, who, msg.x.nbytes,
+                            ErrorReply(msg.id, f"split host {msg.host} not connected", False).frames())
+            return
+        self.step_pending[sub.id] = StepRelay(ident, msg, who, now + self.config.deadline_factor * bound
+                                              + self.config.deadline_floor_s)
+
+    def _step_reply(self, msg, relay: StepRelay) -> None:
+        """The host's answer to a forwarded step: passed on to the device over its downlink."""
+        if self.step_pending.pop(msg.id, None) is not relay:
+            self.stats["late_replies"] += 1
+            return
+        req = relay.req
+        if (isinstance(msg, Result) and len(msg.tensors) == 1 and msg.tensors[0].shape == (1, req.x.shape[1])
+                and msg.tensors[0].dtype == req.x.dtype):
+            self.dead_until.pop(req.host, None)
+            res = Result(req.id, msg.experts, msg.tensors, msg.route, msg.node, msg.timing, msg.fallbacks)
+            links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
+            if req.reply_user is not None:
+                links.append(self.transport.link(("down", req.reply_user)))
+            res.deliver_at = schedule_path(links, protocol.message_bytes(res.frames()), time.time())
+            self._step_done(relay.ident, relay.who, req.x.nbytes, res.frames())
+            return
+        why = msg.reason[:200] if isinstance(msg, ErrorReply) else "malformed reply"
+        if not isinstance(msg, ErrorReply) or "resend from position 0" not in why:
+            self._holder_failed(req.host, why)
+        self._step_done(relay.ident, relay.who, req.x.nbytes,
+                        ErrorReply(req.id, f"split host {req.host}: {why}", False).frames())
+
+    def _step_done(self, ident: bytes, who: bytes, nbytes: int, frames: list) -> None:
+        self._step_released(who, nbytes)
+        self.transport.send_to_client(ident, frames)
+
+    def _step_released(self, who: bytes, nbytes: int) -> None:
+        self.in_flight_bytes -= nbytes
+        left = self.in_flight.get(who, 0) - 1
+        if left > 0:
+            self.in_flight[who] = left
+        else:
+            self.in_flight.pop(who, None)
+
+    def _end_session(self, msg: SplitEnd, sender: str | None) -> None:
+        if sender is not None and sender in self._users and msg.user != sender:
+            return
+        if msg.host == self.name:
+            if self.split is not None:
+                self.split.end(msg.user, msg.session)
+        elif msg.host in self._nodes and (sender is None or sender in self._users):
+            self.transport.send_to_peer(msg.host, msg.frames())
 
     def _release(self, p: Parent) -> None:
         """The request ``p`` is answered: its connection's in-flight slot is free again."""
@@ -310,6 +437,11 @@ class NodeServer:
         except protocol.ProtocolError as exc:
             self._reject(None, 0, f"reply: {exc}")
             return
+        if msg.id in self.step_pending:
+            relay = self.step_pending[msg.id]
+            due = min(getattr(msg, "deliver_at", None) or 0.0, relay.deadline)
+            self.transport.at(due, lambda: self._step_reply(msg, relay))
+            return
         sub = self.pending.get(msg.id)
         if sub is None:
             self.stats["late_replies"] += 1
@@ -367,6 +499,12 @@ class NodeServer:
         self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
 
     def _check_deadlines(self, now: float) -> None:
+        for sid, relay in [(k, v) for k, v in self.step_pending.items() if v.deadline <= now]:
+            del self.step_pending[sid]
+            self._holder_failed(relay.req.host, "deadline")
+            self._step_done(relay.ident, relay.who, relay.req.x.nbytes,
+                            ErrorReply(relay.req.id, f"no reply from split host {relay.req.host} before the deadline",
+                                       False).frames())
         expired = [(sid, s) for sid, s in self.pending.items() if s.deadline <= now]
         for sid, sub in expired:
             del self.pending[sid]
@@ -435,6 +573,8 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     server = NodeServer(name, ctx.layout, experts, emulate=config.emulate, pace=config.pace,
                         deadline_factor=config.deadline_factor, deadline_floor_s=config.deadline_floor_s,
                         retry_after_s=config.retry_after_s, keyring=keyring, accepts_configure=accepts_configure)
+    if name in ctx.layout.split_hosts:
+        server.enable_split(ctx.model_dir)
     try:
         port = server.bind(host, port)
     except zmq.ZMQError as exc:

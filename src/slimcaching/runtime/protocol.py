@@ -21,6 +21,9 @@ RunRequest     ``run``, device or relay -> node: ``model``, ``layer``, ``assign`
                ...], ``relay`` (may the node forward experts it does not hold), ``reply_user`` and
                ``reply_hops`` (the links the reply crosses), ``dtype_tag`` (``bfloat16`` when uint16
                carries bf16), ``deliver_at`` (emulated arrival, s since the epoch), one tensor (n, h).
+SplitStep      ``step``, device -> access server -> split host: one forward step of a split-style
+               session (``user``, ``session``, ``start``, ``host``; one tensor of embeddings).
+SplitEnd       ``end``: a split-style session is over.
 Result         ``result``, the reply: ``experts`` in the order of the tensors (each its rows' outputs
                before gate weighting), ``route`` {expert: holder}, ``node``, ``timing``, ``fallbacks``.
 ErrorReply     ``error``: ``reason`` (one line), ``fatal`` (true if retrying elsewhere cannot help).
@@ -43,7 +46,7 @@ import numpy as np
 from slimcaching.runtime.addresses import tcp_address
 
 VERSION = 1
-OPS = frozenset({"run", "result", "error", "ping", "pong", "configure", "shutdown"})
+OPS = frozenset({"run", "step", "end", "result", "error", "ping", "pong", "configure", "shutdown"})
 DTYPES = frozenset({"float32", "float16", "float64", "int64", "int32", "uint16"})  # uint16 carries bf16
 MAX_HEADER_BYTES = 1 << 20
 MAX_TENSORS = 4096
@@ -263,6 +266,112 @@ class RunRequest:
         return []
 
 
+_SESSION = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+@dataclass
+class SplitStep:
+    """``step``: one forward step of a split-style session (docs/runtime.md, "Split-style and
+    hybrid execution"): the embeddings of tokens ``start .. start + n - 1`` of ``user``'s session
+    ``session``, to run every layer of the model at ``host`` (which keeps the session's KV cache);
+    ``start == 0`` begins the session afresh (a new prompt, or a rebuild after fail-over). A node
+    that is not ``host`` forwards it there when ``relay`` (the device's access server does)."""
+
+    id: int
+    model: str
+    user: str
+    session: str
+    start: int
+    host: str
+    x: np.ndarray
+    relay: bool = True
+    reply_user: str | None = None
+    reply_hops: list[tuple[str, str]] = field(default_factory=list)
+    dtype_tag: str | None = None
+    deliver_at: float | None = None
+    op = "step"
+
+    def header(self) -> dict:
+        h = {"op": "step", "id": self.id, "model": self.model, "user": self.user, "session": self.session,
+             "start": self.start, "host": self.host, "relay": self.relay, "reply_user": self.reply_user,
+             "reply_hops": [list(hp) for hp in self.reply_hops], "dtype_tag": self.dtype_tag}
+        if self.deliver_at is not None:
+            h["deliver_at"] = self.deliver_at
+        return h
+
+    def frames(self) -> list:
+        return encode(self.header(), [self.x])
+
+    @classmethod
+    def from_message(cls, h: dict, tensors: list[np.ndarray]) -> SplitStep:
+        if len(tensors) != 1 or tensors[0].ndim != 2:
+            raise ProtocolError("step: expected one 2-D tensor of embeddings")
+        session = _str(h, "session", max_len=128)
+        if not _SESSION.match(session):
+            raise ProtocolError("step: session must be 1-128 letters, digits or . _ : -")
+        relay = h.get("relay", True)
+        if not isinstance(relay, bool):
+            raise ProtocolError("step: relay must be true or false")
+        hops = h.get("reply_hops") or []
+        if not isinstance(hops, list) or len(hops) > 1024 or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in hops):
+            raise ProtocolError("step: reply_hops must be a list of [node, node]")
+        tag = h.get("dtype_tag")
+        if tag not in DTYPE_TAGS:
+            raise ProtocolError("step: dtype_tag must be absent or 'bfloat16'")
+        return cls(_int(h, "id"), _str(h, "model"), _str(h, "user", max_len=64), session,
+                   _int(h, "start", 0, 1 << 24), _str(h, "host", max_len=64), tensors[0], relay,
+                   _str(h, "reply_user", optional=True, max_len=64), [tuple(p) for p in hops], tag,
+                   _time(h, "deliver_at"))
+
+    def check(self, layout, max_rows: int, now: float | None = None, max_ahead_s: float = float("inf")) -> str | None:
+        """Why this step cannot be served in ``layout`` (None if it can)."""
+        if self.model != layout.model:
+            return f"step: model {self.model[:40]!r} is not served here ({layout.model!r})"
+        if self.host not in layout.split_hosts:
+            return f"step: {self.host[:40]!r} hosts no split-style sessions of this placement"
+        if self.user not in layout.homes:
+            return f"step: unknown user {self.user[:40]!r}"
+        n, width = self.x.shape
+        if not 1 <= n <= max_rows:
+            return f"step: {n} rows, expected 1..{max_rows}"
+        if layout.context is not None and self.start + n > layout.context:
+            return f"step: positions up to {self.start + n} exceed the model's context of {layout.context}"
+        if layout.hidden_size is not None and width != layout.hidden_size:
+            return f"step: hidden size {width}, the model's is {layout.hidden_size}"
+        if layout.wire_dtype is not None and (self.x.dtype.name != layout.wire_dtype
+                                              or self.dtype_tag != layout.dtype_tag):
+            return f"step: data of dtype {self.x.dtype.name}, the model's is {layout.wire_dtype}"
+        if self.reply_user is not None and self.reply_user not in layout.access:
+            return f"step: unknown user {self.reply_user[:40]!r}"
+        if not all(tuple(p) in layout.hop for p in self.reply_hops):
+            return "step: reply_hops must be hops of the scenario"
+        if self.deliver_at is not None and now is not None and self.deliver_at > now + max_ahead_s:
+            return f"step: deliver_at is more than {max_ahead_s:g} s ahead"
+        return None
+
+
+@dataclass
+class SplitEnd:
+    """``end``: ``user``'s split-style session ``session`` at ``host`` is over (its cache is freed)."""
+
+    id: int
+    user: str
+    session: str
+    host: str
+    op = "end"
+
+    def frames(self) -> list:
+        return encode({"op": "end", "id": self.id, "user": self.user, "session": self.session, "host": self.host})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> SplitEnd:
+        session = _str(h, "session", max_len=128)
+        if not _SESSION.match(session):
+            raise ProtocolError("end: session must be 1-128 letters, digits or . _ : -")
+        return cls(_int(h, "id"), _str(h, "user", max_len=64), session, _str(h, "host", max_len=64))
+
+
 @dataclass
 class Result:
     """The outputs of a :class:`RunRequest`: one tensor per expert, in ``experts`` order."""
@@ -399,7 +508,8 @@ class Shutdown:
         return cls(_int(h, "id"))
 
 
-MESSAGES: dict[str, Any] = {c.op: c for c in (RunRequest, Result, ErrorReply, Ping, Pong, Configure, Shutdown)}
+MESSAGES: dict[str, Any] = {c.op: c for c in (RunRequest, SplitStep, SplitEnd, Result, ErrorReply, Ping, Pong,
+                                                Configure, Shutdown)}
 
 
 def parse(frames: list):

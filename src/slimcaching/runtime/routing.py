@@ -45,6 +45,12 @@ class Layout:
     expert_flops: float = 0.0
     expert_bytes: float = 0.0
     overhead: dict[str, float] = field(default_factory=dict)  # node or "user:<name>" -> message_overhead_s
+    # split-style serving (docs/model.md §architectures)
+    ways: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # user -> [(latency, way)], best first
+    split_hosts: set[str] = field(default_factory=set)  # nodes that run split-style sessions
+    dense_flops: float = 0.0
+    dense_bytes: float = 0.0
+    context: int | None = None  # the model's maximum positions
     # what a node checks every request against (set from the model directory by cluster.load_context)
     top_k: int | None = None
     hidden_size: int | None = None
@@ -58,6 +64,24 @@ class Layout:
         width = self.hidden_size or max(1, int(self.hidden_bytes))
         itemsize = {"float32": 4, "float16": 2, "uint16": 2}.get(self.wire_dtype, 8)
         return max(1 << 20, max_rows * width * itemsize)
+
+    def way(self, user: str) -> str:
+        """How ``user`` is served: ``slimcaching``, or its split host (a server or ``cloud``)."""
+        ways = self.ways.get(user)
+        return ways[0][1] if ways else "slimcaching"
+
+    def paced_dense_s(self, node: str, tokens: int) -> float:
+        """Modelled time of the dense part on ``node`` for ``tokens`` tokens (exec_n(dense))."""
+        flops, bw = self.node_hw[node]
+        return exec_time(self.dense_flops * max(tokens, 1), self.dense_bytes, flops, bw)
+
+    def predict_split_s(self, user: str, host: str, sets: list[list[int]]) -> float:
+        """U_{u,m}(host) of docs/model.md §architectures for the sets a token actually used (one
+        list of experts per layer): access, relay to the host, its dense part, and per layer the
+        slowest expert seen from the host."""
+        home = self.homes[user]
+        layers = sum(max(self.candidates(host, layer, e)[0][0] for e in s) for layer, s in enumerate(sets) if s)
+        return self.access_s(user) + self.relay_s[(home, host)] + self.paced_dense_s(host, 1) + layers
 
     def candidates(self, home: str, layer: int, expert: int) -> list[tuple[float, str]]:
         """Holders of (layer, expert) reachable from ``home``, cheapest first (ties: node order)."""
@@ -147,7 +171,8 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
                   node_hw={**{s.name: (s.flops, s.mem_bandwidth) for s in sc.servers},
                            CLOUD: (sc.cloud.flops, sc.cloud.mem_bandwidth)},
                   user_hw={u.name: (u.flops, u.mem_bandwidth) for u in sc.users},
-                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k, overhead=overhead)
+                  expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k, overhead=overhead,
+                  dense_flops=m.dense_flops, dense_bytes=m.dense_bytes)
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:

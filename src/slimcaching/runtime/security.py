@@ -204,15 +204,16 @@ def allowed(op: str, sender: str | None, *, nodes, users, accepts_configure: boo
     """Why ``sender`` may not send ``op`` to a node (None if it may).
 
     ``sender`` is the authenticated name (None on an unauthenticated, loopback-only cluster, where
-    every op but a refused ``configure`` is allowed). ``run``: devices and nodes; ``ping``: anyone
+    every op but a refused ``configure`` is allowed). ``run``, ``step`` and ``end``: devices and nodes
+    (what each may ask is checked with the message); ``ping``: anyone
     the keyring knows; ``configure``: the operator, and only on a node that takes its peers from
     the launcher; ``shutdown``: the operator."""
     if op == "configure" and not accepts_configure:
         return "configure: this node takes its peers from its cluster file"
     if sender is None:
         return None
-    if op == "run":
-        return None if sender in nodes or sender in users else f"run: {sender!r} is neither a device nor a node"
+    if op in ("run", "step", "end"):
+        return None if sender in nodes or sender in users else f"{op}: {sender!r} is neither a device nor a node"
     if op == "ping":
         return None
     if op in ("configure", "shutdown"):

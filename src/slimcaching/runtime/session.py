@@ -131,12 +131,22 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
     # per index_add_ on a 2-core machine), far more than a decoded token's work here
     torch.set_num_threads(1)
     lay = ctx.layout
-    model, _, local = load_device_model(ctx.model_dir, lay, user)
+    split = lay.way(user) != "slimcaching"
+    if split:  # split-style: embeddings and head here, every layer at the split host
+        from slimcaching.runtime.skeleton import load_partial_model  # optional extra (hf)
+        from slimcaching.runtime.split import SplitClient, generate_split  # optional extra (runtime: pyzmq)
+
+        model, _ = load_partial_model(str(ctx.model_dir), drop="layers")
+        local = {}
+        client = SplitClient(user, lay, addresses, emulate=opts.emulate, deadline_factor=opts.deadline_factor,
+                             deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s, keyring=keyring)
+    else:
+        model, _, local = load_device_model(ctx.model_dir, lay, user)
+        client = DeviceClient(user, lay, addresses, local, emulate=opts.emulate, pace=opts.pace,
+                              deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
+                              retry_after_s=opts.retry_after_s, keyring=keyring)
+        install(model, client)
     tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
-    client = DeviceClient(user, lay, addresses, local, emulate=opts.emulate, pace=opts.pace,
-                          deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                          retry_after_s=opts.retry_after_s, keyring=keyring)
-    install(model, client)
 
     gc.collect()
     from slimcaching.runtime.node import rss_bytes  # optional extra (runtime: pyzmq)
@@ -167,14 +177,19 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
     results = []
     try:
         for pi, prompt in enumerate(prompts):
-            r = generate(model, tok, prompt, opts.max_new_tokens, client, pace=opts.pace,
-                         dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick, arrivals=arrivals)
+            if split:
+                r = generate_split(model, tok, prompt, opts.max_new_tokens, client, on_token=tick, arrivals=arrivals,
+                                   session_prefix=f"p{pi}")
+            else:
+                r = generate(model, tok, prompt, opts.max_new_tokens, client, pace=opts.pace,
+                             dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick, arrivals=arrivals)
             results.append({"user": user, "prompt": pi, "tokens": r["tokens"], "logits": r["logits"],
                             "steps": r["steps"]})
     finally:
         client.close()
     return {"user": user, "results": results, "fallbacks": client.fallbacks, "late_replies": client.late_replies,
-            "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(), "local_experts": len(local)}
+            "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(), "local_experts": len(local),
+            "architecture": lay.way(user)}
 
 
 _COUNTER = None
@@ -216,6 +231,9 @@ def _token_rows(session: dict) -> list[dict]:
                 continue
             layers = step["layers"]
             br = {k: 0.0 for k in BREAKDOWN}
+            if "split" in step:  # split-style: the host's timing (runtime/split.py)
+                br.update(step["split"])
+                layers = []  # their times are inside the host's compute
             for rec in layers:
                 br["device_compute_s"] += rec.local_s
                 br["pace_pad_s"] += rec.pad_s
@@ -233,7 +251,8 @@ def _token_rows(session: dict) -> list[dict]:
                 "ratio": step["measured_s"] / step["predicted_s"] if step["predicted_s"] else None,
                 "route": [{"layer": rec.layer, "experts": rec.experts,
                            "where": {str(e): rec.route.get(e) for e in rec.experts},
-                           "measured_s": rec.seconds, "predicted_s": rec.predicted_s} for rec in layers],
+                           "measured_s": rec.seconds, "predicted_s": rec.predicted_s} for rec in step["layers"]],
+                **({"host": step["host"]} if "host" in step else {}),
                 "breakdown": br,
             })
     return rows
@@ -378,6 +397,8 @@ def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> di
     out: dict = {
         "format": "slimcaching/cluster-run@1",
         "model": ctx.layout.model, "model_dir": str(ctx.model_dir), "algorithm": ctx.placement["algorithm"],
+        "latency_model": ctx.placement.get("latency_model", "slimcaching"),
+        "architectures": {u: ctx.layout.way(u) for u in users},
         "emulate": opts.emulate, "pace": opts.pace, "users": users, "prompts": len(opts.prompts),
         "max_new_tokens": opts.max_new_tokens, "generated": generated,
         "per_token": rows,
@@ -389,7 +410,8 @@ def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> di
         "breakdown_mean_s": {k: _mean([r["breakdown"][k] for r in rows]) for k in BREAKDOWN},
         "nodes": nodes,
         "devices": {s["user"]: {"rss_bytes": s["rss_bytes"], "peak_rss_bytes": s["peak_rss_bytes"],
-                                "local_experts": s["local_experts"], "late_replies": s["late_replies"]}
+                                "local_experts": s["local_experts"], "late_replies": s["late_replies"],
+                                "architecture": s.get("architecture", "slimcaching")}
                     for s in sessions},
         "failures": events,
         "fallbacks": {"devices": [dict(f, user=s["user"]) for s in sessions for f in s["fallbacks"]],

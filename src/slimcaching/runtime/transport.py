@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import threading
 import time
 
 import zmq
@@ -59,6 +60,9 @@ class Transport:
         self.poller.register(self.gate.sock, zmq.POLLIN)
         self.poller.register(self.gate.watch(self.router), zmq.POLLIN)
         self.links: dict = {}
+        self.links_lock = threading.Lock()  # a split host's thread books links too
+        self.addresses: dict[str, str] = {}  # peer -> tcp address, as configured
+        self.watched: dict = {}  # extra sockets of this loop -> handler (a split host's wake-ups)
         self.timers: list = []
         self.seq = itertools.count()
         self.running = True
@@ -75,6 +79,7 @@ class Transport:
         for peer, addr in addresses.items():
             if peer == self.name or peer not in self.layout.nodes:
                 continue
+            self.addresses[peer] = addr
             old = self.peers.pop(peer, None)
             if old is not None:
                 self.poller.unregister(old)
@@ -107,8 +112,17 @@ class Transport:
             return False
         return True
 
+    def watch(self, sock, handler) -> None:
+        """Poll ``sock`` in this loop too; ``handler()`` runs when it is readable."""
+        self.watched[sock] = handler
+        self.poller.register(sock, zmq.POLLIN)
+
     def link(self, hop) -> Link:
         """The emulated link of a directed hop, or of ``("down", user)``: a user's downlink."""
+        with self.links_lock:
+            return self._link(hop)
+
+    def _link(self, hop) -> Link:
         if hop not in self.links:
             if not self.emulate:
                 self.links[hop] = Link(*INF_LINK)
@@ -156,6 +170,8 @@ class Transport:
                     self.gate.on_request()
                 elif sock is self.gate.monitor:
                     self.gate.on_monitor()
+                elif sock in self.watched:
+                    self._safely(self.watched[sock])
                 else:
                     self._drain(sock, on_request, on_reply)
             now = time.time()
@@ -168,7 +184,6 @@ class Transport:
                 if os.getppid() != parent_pid:
                     log("launcher is gone; stopping")
                     self.running = False
-        self.close()
 
     def _drain(self, sock, on_request, on_reply) -> None:
         while True:
