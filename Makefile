@@ -41,4 +41,4 @@ bench: $(VENV)/.full
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis src/*.egg-info examples/runtime/tiny-moe examples/runtime/placement.json \
-	    examples/runtime/run.json
+	    examples/runtime/run.json examples/runtime/hybrid.json

@@ -280,8 +280,14 @@ def load_model(model_id: str, device: str = "cpu", dtype: str = "auto"):
         raise ScenarioError("dtype", "expected auto, float32, bfloat16 or float16", dtype)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ScenarioError("device", "CUDA is not available on this machine", device)
-    model = auto.from_pretrained(model_id, dtype=torch_dtype).to(device).eval()
-    return model, config
+    model, info = auto.from_pretrained(model_id, dtype=torch_dtype, output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # transformers would initialise them at random: a checkpoint that lacks weights is an error
+        raise ScenarioError("model", f"the checkpoint has no tensor for {missing[0]!r}"
+                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                            + f" in {', '.join(sorted(p.name for p in local.glob('*.safetensors'))) or model_id}",
+                            model_id)
+    return model.to(device).eval(), config
 
 
 def profile_model(model_id: str, prompts: list[dict], device: str = "cpu", dtype: str = "auto",
