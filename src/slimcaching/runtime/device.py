@@ -100,6 +100,14 @@ class DeviceClient:
         self.uplink = Link(up, rtt / 2.0) if emulate else Link(*inf)
         rate, delay = layout.hop[(self.home, CLOUD)]
         self.backhaul = Link(rate, delay) if emulate else Link(*inf)
+        # with reach: an uplink to each reached server, and that server's backhaul for fail-over
+        self.uplinks = {self.home: self.uplink}
+        self.backhauls = {self.home: self.backhaul}
+        for v in layout.vias(user)[1:]:
+            vu, _, vr = layout.link_of(user, v)
+            self.uplinks[v] = Link(vu, vr / 2.0) if emulate else Link(*inf)
+            rate, delay = layout.hop[(v, CLOUD)]
+            self.backhauls[v] = Link(rate, delay) if emulate else Link(*inf)
         self.step: StepRecord | None = None
         self.fallbacks: list[dict] = []
         self.late_replies = 0
@@ -138,16 +146,22 @@ class DeviceClient:
         t0 = time.time()
         rec = LayerRecord(layer, [], {}, 0.0, 0.0)
         outputs = {}
-        sent = None
+        groups = []  # one request per reached server used (the home alone without reach)
         if remote:
             ser0 = time.time()
-            rows = sorted({r for rs in remote.values() for r in rs})
-            pos = {r: i for i, r in enumerate(rows)}
-            payload = to_numpy(x[rows])
-            assign = [[e, [pos[r] for r in remote[e]]] for e in sorted(remote)]
             tag = "bfloat16" if x.dtype == torch.bfloat16 else None
+            by_via: dict[str, dict[int, list[int]]] = {}
+            for e in sorted(remote):
+                via = self.home if len(self.uplinks) == 1 else self.layout.best_via(self.user, layer, e)[1]
+                by_via.setdefault(via, {})[e] = remote[e]
+            for via, part in by_via.items():
+                rows = sorted({r for rs in part.values() for r in rs})
+                pos = {r: i for i, r in enumerate(rows)}
+                payload = to_numpy(x[rows])
+                assign = [[e, [pos[r] for r in part[e]]] for e in sorted(part)]
+                groups.append((via, payload, assign))
             rec.serialise_s += time.time() - ser0
-            sent = self._send(layer, payload, assign, tag, t0)
+            sent = [self._send(layer, payload, assign, tag, t0, via=via) for via, payload, assign in groups]
         # local experts run while the request travels
         if local:
             with torch.no_grad():
@@ -165,14 +179,15 @@ class DeviceClient:
             local_end = t0
         if remote:
             deadline = t0 + self.deadline_for(predicted_remote_s)
-            res, recv_at = self._wait(sent, deadline, layer, payload, assign, tag, t0)
-            ser0 = time.time()
-            for e, t in zip(res.experts, res.tensors):
-                tt = torch.from_numpy(np.array(t, copy=True))
-                outputs[e] = tt.view(torch.bfloat16) if tag == "bfloat16" else tt
-                rec.route[e] = str(res.route.get(str(e), res.node))
-            rec.serialise_s += time.time() - ser0
-            timing = res.timing
+            for (_, payload, assign), one in zip(groups, sent):
+                res, recv_at = self._wait(one, deadline, layer, payload, assign, tag, t0)
+                ser0 = time.time()
+                for e, t in zip(res.experts, res.tensors):
+                    tt = torch.from_numpy(np.array(t, copy=True))
+                    outputs[e] = tt.view(torch.bfloat16) if tag == "bfloat16" else tt
+                    rec.route[e] = str(res.route.get(str(e), res.node))
+                rec.serialise_s += time.time() - ser0
+            timing = res.timing  # the last reply's (the layer waited for it)
             remote_timing = [r for r in (timing.get("remote") or {}).values() if isinstance(r, dict)] \
                 if isinstance(timing.get("remote"), dict) else []
             rec.queue_s = _seconds(timing.get("queue_s")) + sum(_seconds(r.get("queue_s")) for r in remote_timing)
@@ -190,17 +205,18 @@ class DeviceClient:
         rec.seconds = time.time() - t0
         return outputs, rec
 
-    def _target(self) -> str:
-        return self.home if self.dead_until.get(self.home, 0.0) <= time.time() else CLOUD
-
-    def _send(self, layer, payload, assign, tag, t0, exclude: frozenset = frozenset()):
-        target = self._target() if self.home not in exclude else CLOUD
+    def _send(self, layer, payload, assign, tag, t0, exclude: frozenset = frozenset(), via: str | None = None):
+        """Send one layer request to ``via`` (the home by default, or a reached server); the cloud
+        directly (``via``'s uplink and backhaul) when that server is down."""
+        via = self.home if via is None else via
+        alive = via not in exclude and self.dead_until.get(via, 0.0) <= time.time()
+        target = via if alive else CLOUD
         if target in exclude:
             raise ClusterError(f"no live home server or cloud for user {self.user!r} (layer {layer})")
         req = RunRequest(next(self.ids), self.layout.model, layer, assign, payload, relay=True, reply_user=self.user,
-                         reply_hops=[] if target == self.home else [(CLOUD, self.home)], dtype_tag=tag)
+                         reply_hops=[] if target == via else [(CLOUD, via)], dtype_tag=tag)
         size = protocol.message_bytes(req.frames())
-        links = [self.uplink] if target == self.home else [self.uplink, self.backhaul]
+        links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
         req.deliver_at = schedule_path(links, size, t0)
         sock = self._sock(target)
         try:
@@ -208,24 +224,24 @@ class DeviceClient:
                 raise zmq.Again()
             sock.send_multipart(req.frames(), zmq.NOBLOCK)
         except zmq.ZMQError:
-            return self._failed(target, "not connected", layer, payload, assign, tag, exclude)
-        return req.id, target, exclude
+            return self._failed(target, "not connected", layer, payload, assign, tag, exclude, via)
+        return req.id, target, exclude, via
 
-    def _failed(self, target, reason, layer, payload, assign, tag, exclude):
+    def _failed(self, target, reason, layer, payload, assign, tag, exclude, via):
         self.dead_until[target] = time.time() + self.retry_after_s
         self.fallbacks.append({"t": time.time(), "node": target, "layer": layer, "reason": reason,
                                "to": CLOUD if target != CLOUD else None})
-        return self._send(layer, payload, assign, tag, time.time(), exclude | {target})
+        return self._send(layer, payload, assign, tag, time.time(), exclude | {target}, via)
 
     def _wait(self, sent, deadline, layer, payload, assign, tag, t0):
-        rid, target, exclude = sent
+        rid, target, exclude, via = sent
         while True:
             now = time.time()
             sock = self._sock(target)
             left = deadline - now
             if left <= 0:
-                rid, target, exclude = self._failed(target, "no reply before the deadline", layer, payload,
-                                                    assign, tag, exclude)
+                rid, target, exclude, via = self._failed(target, "no reply before the deadline", layer, payload,
+                                                         assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
             if not sock.poll(max(1, int(left * 1000))):
@@ -236,8 +252,8 @@ class DeviceClient:
                 msg = protocol.parse([f.buffer for f in frames])
             except protocol.ProtocolError as exc:
                 # only the node this socket talks to can have sent it: that node counts as failed
-                rid, target, exclude = self._failed(target, f"malformed reply ({str(exc)[:80]})", layer, payload,
-                                                    assign, tag, exclude)
+                rid, target, exclude, via = self._failed(target, f"malformed reply ({str(exc)[:80]})", layer,
+                                                         payload, assign, tag, exclude, via)
                 continue
             if msg.id != rid:
                 self.late_replies += 1
@@ -247,18 +263,19 @@ class DeviceClient:
                     raise ClusterError(msg.reason[:300])
                 if msg.fatal and "no live holder" in msg.reason:
                     raise ClusterError(msg.reason[:300])
-                rid, target, exclude = self._failed(target, msg.reason[:200], layer, payload, assign, tag, exclude)
+                rid, target, exclude, via = self._failed(target, msg.reason[:200], layer, payload, assign, tag,
+                                                         exclude, via)
                 continue
             if not (isinstance(msg, Result)
                     and msg.matches({e: len(rows) for e, rows in assign}, payload.shape[1], payload.dtype)):
                 # a reply that does not answer what was asked: the sender counts as failed
-                rid, target, exclude = self._failed(target, "malformed or mismatched reply", layer, payload,
-                                                    assign, tag, exclude)
+                rid, target, exclude, via = self._failed(target, "malformed or mismatched reply", layer, payload,
+                                                         assign, tag, exclude, via)
                 continue
             if msg.deliver_at is not None and msg.deliver_at > deadline + max(10.0, 10.0 * (deadline - t0)):
                 # an emulated arrival this far past the deadline is no honest reply: a forged one cannot stall us
-                rid, target, exclude = self._failed(target, "reply due far after the deadline", layer, payload, assign,
-                                                    tag, exclude)
+                rid, target, exclude, via = self._failed(target, "reply due far after the deadline", layer,
+                                                         payload, assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
             if msg.deliver_at is not None and msg.deliver_at > time.time():
@@ -299,8 +316,7 @@ def _make_remote_experts_class():
             local = [(e, where[e][0]) for e in where if (self.layer, e) in client.local]
             remote = {e: where[e][0].tolist() for e in where if (self.layer, e) not in client.local}
             lay = client.layout
-            pred = lay.access_s(client.user) + max(
-                [lay.candidates(client.home, self.layer, e)[0][0] for e in remote] or [0.0])
+            pred = max([lay.best_via(client.user, self.layer, e)[0] for e in remote] or [0.0])
             outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
             for e in sorted(where):
                 token_idx, top_k_pos = where[e]

@@ -45,6 +45,7 @@ class Layout:
     expert_flops: float = 0.0
     expert_bytes: float = 0.0
     overhead: dict[str, float] = field(default_factory=dict)  # node or "user:<name>" -> message_overhead_s
+    reach: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)  # user -> server -> link
     # split-style serving (docs/model.md §architectures)
     ways: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # user -> [(latency, way)], best first
     split_hosts: set[str] = field(default_factory=set)  # nodes that run split-style sessions
@@ -79,9 +80,8 @@ class Layout:
         """U_{u,m}(host) of docs/model.md §architectures for the sets a token actually used (one
         list of experts per layer): access, relay to the host, its dense part, and per layer the
         slowest expert seen from the host."""
-        home = self.homes[user]
         layers = sum(max(self.candidates(host, layer, e)[0][0] for e in s) for layer, s in enumerate(sets) if s)
-        return self.access_s(user) + self.relay_s[(home, host)] + self.paced_dense_s(host, 1) + layers
+        return self.best_via_to(user, host)[0] + self.paced_dense_s(host, 1) + layers
 
     def candidates(self, home: str, layer: int, expert: int) -> list[tuple[float, str]]:
         """Holders of (layer, expert) reachable from ``home``, cheapest first (ties: node order)."""
@@ -103,21 +103,44 @@ class Layout:
         flops, bw = self.user_hw[node[5:]] if node.startswith("user:") else self.node_hw[node]
         return exec_time(self.expert_flops * max(tokens, 1), self.expert_bytes, flops, bw)
 
-    def access_s(self, user: str) -> float:
-        """a_u of docs/model.md §latency for this model (with the two messages' overhead)."""
-        return access_time(8.0 * self.hidden_bytes, *self.access[user]) + message_round_trip(
-            self.overhead.get("user:" + user, 0.0), self.overhead.get(self.homes[user], 0.0))
+    def link_of(self, user: str, via: str) -> tuple[float, float, float]:
+        """(uplink, downlink, rtt) of ``user``'s radio to ``via``: its home's access link or a
+        ``reach`` link (docs/model.md §architectures, multi-connectivity)."""
+        if via == self.homes[user]:
+            return self.access[user]
+        return self.reach[user][via]
+
+    def vias(self, user: str) -> list[str]:
+        """The servers ``user``'s radio reaches: its home first, then its ``reach``."""
+        return [self.homes[user]] + [v for v in self.reach.get(user, {}) if v != self.homes[user]]
+
+    def access_s(self, user: str, via: str | None = None) -> float:
+        """a_{u,v} of docs/model.md §latency for this model (with the two messages' overhead); the
+        home's ``a_u`` when ``via`` is None."""
+        via = self.homes[user] if via is None else via
+        return access_time(8.0 * self.hidden_bytes, *self.link_of(user, via)) + message_round_trip(
+            self.overhead.get("user:" + user, 0.0), self.overhead.get(via, 0.0))
+
+    def best_via(self, user: str, layer: int, expert: int) -> tuple[float, str]:
+        """``q_e`` of docs/model.md §architectures: the least ``a_{u,v} + r^v_e`` over the servers
+        the user reaches, and that server (the home on ties)."""
+        return min((self.access_s(user, v) + self.candidates(v, layer, expert)[0][0], i, v)
+                   for i, v in enumerate(self.vias(user)))[::2]
+
+    def best_via_to(self, user: str, host: str) -> tuple[float, str]:
+        """The least ``a_{u,v} + c_{v,host}`` over the servers the user reaches, and that server."""
+        return min((self.access_s(user, v) + self.relay_s.get((v, host), INF), i, v)
+                   for i, v in enumerate(self.vias(user)))[::2]
 
     def predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
-        """T_l(S) of docs/model.md §latency for the set the token actually used."""
+        """T_l(S) of docs/model.md §latency (with reach: each remote expert's q_e) for the set the
+        token actually used."""
         local = self.local[user]
-        home = self.homes[user]
         t_local = self.user_exec_s[user] if any((layer, e) in local for e in experts) else 0.0
         remote = [e for e in experts if (layer, e) not in local]
         if not remote:
             return t_local
-        worst = max(self.candidates(home, layer, e)[0][0] for e in remote)
-        return max(t_local, self.access_s(user) + worst)
+        return max(t_local, max(self.best_via(user, layer, e)[0] for e in remote))
 
 
 def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
@@ -172,7 +195,9 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
                            CLOUD: (sc.cloud.flops, sc.cloud.mem_bandwidth)},
                   user_hw={u.name: (u.flops, u.mem_bandwidth) for u in sc.users},
                   expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k, overhead=overhead,
-                  dense_flops=m.dense_flops, dense_bytes=m.dense_bytes)
+                  dense_flops=m.dense_flops, dense_bytes=m.dense_bytes,
+                  reach={u.name: {r.server: (r.uplink_bps, r.downlink_bps, r.rtt_s) for r in u.reach}
+                         for u in sc.users if u.reach})
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:

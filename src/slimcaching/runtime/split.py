@@ -452,14 +452,26 @@ class SplitClient:
         self.dead_until: dict[str, float] = {}
         self.fallbacks: list[dict] = []
         self.late_replies = 0
-        up, down, rtt = layout.access[user]
         inf = (float("inf"), 0.0)
-        self.uplink = Link(up, rtt / 2.0) if emulate else Link(*inf)
-        rate, delay = layout.hop[(self.home, CLOUD)]
-        self.backhaul = Link(rate, delay) if emulate else Link(*inf)
+        self.uplinks, self.backhauls = {}, {}  # per server the radio reaches (the home first)
+        for v in layout.vias(user):
+            up, _, rtt = layout.link_of(user, v)
+            self.uplinks[v] = Link(up, rtt / 2.0) if emulate else Link(*inf)
+            rate, delay = layout.hop[(v, CLOUD)]
+            self.backhauls[v] = Link(rate, delay) if emulate else Link(*inf)
         self.max_message_bytes = layout.max_message_bytes(limit("request_rows"))
         for node in (self.home, CLOUD):
             self._sock(node)
+
+    def via(self, host: str) -> str:
+        """The reached server a step to ``host`` goes through: the least a_{u,v} + c_{v,host} among
+        the live ones."""
+        now = time.time()
+        live = [v for v in self.layout.vias(self.user) if self.dead_until.get(v, 0.0) <= now]
+        if not live:
+            return self.home
+        lay = self.layout
+        return min(live, key=lambda v: lay.access_s(self.user, v) + lay.relay_s.get((v, host), math.inf))
 
     def _sock(self, node: str) -> zmq.Socket:
         if node not in self.socks:
@@ -490,7 +502,7 @@ class SplitClient:
         lay = self.layout
         worst = max((c[0][0] for layer in range(lay.layers) for e in range(lay.experts)
                      if (c := lay.candidates(host, layer, e))), default=0.0)
-        bound = (lay.access_s(self.user) + lay.relay_s[(self.home, host)] + lay.paced_dense_s(host, tokens)
+        bound = (lay.best_via_to(self.user, host)[0] + lay.paced_dense_s(host, tokens)
                  + lay.layers * (worst + lay.paced_exec_s(host, tokens)))
         return self.deadline_factor * bound + 3.0 * self.deadline_floor_s
 
@@ -502,10 +514,11 @@ class SplitClient:
         tried: set[tuple[str, str]] = set()
         while True:
             host = self.host()
-            direct = self.dead_until.get(self.home, 0.0) > time.time()  # the access server is down
+            via = self.via(host)
+            direct = self.dead_until.get(via, 0.0) > time.time()  # every access server is down
             if direct and host != CLOUD:
                 host = CLOUD
-            target = CLOUD if direct else self.home
+            target = CLOUD if direct else via
             if (target, host) in tried:  # every way has failed for this step
                 from slimcaching.runtime.device import ClusterError  # start-up: device imports this module
 
@@ -514,8 +527,8 @@ class SplitClient:
             tried.add((target, host))
             req = SplitStep(next(self.ids), self.layout.model, self.user, session, start, host, x,
                             relay=host != target, reply_user=self.user,
-                            reply_hops=[(CLOUD, self.home)] if direct else [], dtype_tag=tag)
-            links = [self.uplink, self.backhaul] if direct else [self.uplink]
+                            reply_hops=[(CLOUD, via)] if direct else [], dtype_tag=tag)
+            links = [self.uplinks[via], self.backhauls[via]] if direct else [self.uplinks[via]]
             req.deliver_at = schedule_path(links, protocol.message_bytes(req.frames()), time.time())
             deadline = time.time() + self._deadline(host, x.shape[0])
             got = self._exchange(target, req, deadline)
@@ -633,7 +646,8 @@ def generate_split(model, tokenizer, prompt: str, max_new_tokens: int, client: S
             # pad) and expert layers, and the network both ways (access and relay in the modelled ratio)
             host_s = _seconds(timing.get("compute_s")) + _seconds(timing.get("experts_s"))
             wire = max(0.0, (_seconds(timing.get("released"), t0) - t0) + (t1 - _seconds(timing.get("ready"), t1)))
-            a, r = lay.access_s(client.user), lay.relay_s[(client.home, info["host"])]
+            via = client.via(info["host"])
+            a, r = lay.access_s(client.user, via), lay.relay_s.get((via, info["host"]), 0.0)
             share = a / (a + r) if a + r > 0 else 1.0
             split_br = {"device_compute_s": dense0 + (end - t1), "pace_pad_s": _seconds(timing.get("pad_s")),
                         "remote_compute_s": host_s, "queue_s": sum(rep.queue_s for rep in layers),

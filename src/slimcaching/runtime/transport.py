@@ -126,8 +126,8 @@ class Transport:
         if hop not in self.links:
             if not self.emulate:
                 self.links[hop] = Link(*INF_LINK)
-            elif hop[0] == "down":
-                up, down, rtt = self.layout.access[hop[1]]
+            elif hop[0] == "down":  # the user's downlink from this node: a reach link, else its home's
+                up, down, rtt = self.layout.reach.get(hop[1], {}).get(self.name) or self.layout.access[hop[1]]
                 self.links[hop] = Link(down, rtt / 2.0)
             else:
                 self.links[hop] = Link(*self.layout.hop[hop])
