@@ -12,7 +12,17 @@ Sections (all by default):
   model, on a tiny model;
 * ``predicted``: ``cluster run --pace`` with emulation, three placements x two link profiles:
   measured / predicted per token (median), and whether placements rank as predicted;
-* ``memory``: RSS per node against the experts it holds (a model with 3 MiB experts).
+* ``memory``: RSS per node against the experts it holds (a model with 3 MiB experts);
+* ``grid``: the calibrated model against ``cluster run --pace``: ``slimcaching calibrate``'s
+  numbers (device dense speed, expert speed, ``message_overhead_s``) put into a 3-server ring with a
+  tiny Mixtral (hidden 64, 3 MoE layers, 6 experts, top-2), over link RTT (0.5, 5, 20 ms) x
+  server speed (fast: 90% of this machine's measured dense speed, the slower of its two; slow: a
+  tenth of that) x architecture (slimcaching, u-shaped, slimcaching-hybrid); per cell the median
+  and the mean ratio of measured to predicted time per token, and evaluate's mean with and without
+  the overhead in the model. One flops number per node prices both dense and expert work, and
+  pacing can only pad real compute up to the model: so every node is modelled no faster than this
+  machine runs its slowest work (the dense part: attention and routers are Python-bound), with a
+  10% margin for jitter.
 
 Numbers depend on the machine; the closing note of the runtime issue has this machine's.
 """
@@ -248,7 +258,74 @@ def bench_memory(tmp: Path) -> dict:
     return {"rows": out, "rss_mib_per_expert_fit": slope, "expert_mib": 3 * 256 * 1024 * 4 / 2**20}
 
 
-SECTIONS = ("transport", "emulation", "overhead", "predicted", "memory")
+def grid_scenario(model_dir: Path, path: Path, cal: dict, *, rtt_s: float, server_flops: float, capacity: str,
+                  overhead: bool = True) -> Path:
+    """The ring of the runtime issue: 3 servers, one user each, cloud 40 ms away; calibrated speeds."""
+    o = cal["message_overhead_s"] if overhead else {"device": 0.0, "server": 0.0, "cloud": 0.0}
+    servers = [{"name": f"e{i}", "capacity_bytes": capacity, "flops": server_flops, "cloud_rate_bps": "100 Mbit/s",
+                "cloud_rtt_s": "40 ms", "message_overhead_s": o["server"]} for i in range(3)]
+    links = [{"a": f"e{i}", "b": f"e{(i + 1) % 3}", "rate_bps": "1 Gbit/s", "rtt_s": rtt_s} for i in range(3)]
+    users = [{"name": f"u{i}", "home": f"e{i}", "uplink_bps": "50 Mbit/s", "downlink_bps": "100 Mbit/s",
+              "rtt_s": rtt_s, "flops": 0.9 * cal["dense_flops_per_s"], "cache_bytes": "0 B",
+              "message_overhead_s": o["device"], "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
+             for i in range(3)]
+    data = {"name": "bench-grid", "models": [{"name": "tiny", "hf": str(model_dir)}],
+            "cloud": {"flops": 0.9 * cal["dense_flops_per_s"], "message_overhead_s": o["cloud"]},
+            "servers": servers, "server_links": links,
+            "profiles": {"chat": {"synthetic": {"model": "tiny", "task": "sqa", "tokens": 2000}}}, "users": users}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+GRID_ARCHITECTURES = {"slimcaching": "800 kB", "u-shaped": "3 MB", "slimcaching-hybrid": "1500 kB"}
+
+
+def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), archs=tuple(GRID_ARCHITECTURES),
+               tokens: int = 12) -> dict:
+    from slimcaching.evaluation import placement_breakdown, problem_for
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+    from slimcaching.runtime.calibrate import calibrate, message_overhead
+    from slimcaching.scenario import load_scenario
+
+    model = _model(tmp, layers=3, experts=6)
+    cal = calibrate(str(model))
+    cal.update(message_overhead(str(model)))
+    rows = []
+    for rtt in rtts:
+        for speed in speeds:
+            flops = 0.9 * cal["dense_flops_per_s"] * (1.0 if speed == "fast" else 0.1)
+            for arch in archs:
+                row = {"rtt_ms": 1e3 * rtt, "servers": speed, "architecture": arch}
+                sc = grid_scenario(model, tmp / "grid.yaml", cal, rtt_s=rtt, server_flops=flops,
+                                   capacity=GRID_ARCHITECTURES[arch])
+                pl = tmp / "grid.json"
+                _cli("solve", str(sc), "-a", arch, "-o", str(pl))
+                r = _run(sc, pl, model, tmp, "--pace", "--no-reference", tokens=tokens)
+                row.update(measured_ms=1e3 * r["measured_mean_token_latency_s"],
+                           predicted_ms=1e3 * r["predicted_mean_token_latency_s"], ratio_median=r["ratio_median"],
+                           ratio_mean=r["measured_mean_token_latency_s"] / r["predicted_mean_token_latency_s"],
+                           served=sorted({d.get("architecture", "?") for d in r.get("devices", {}).values()}))
+                # the placement evaluated with and without the overhead: what an uncalibrated model says
+                for key, with_o in (("evaluate_ms", True), ("evaluate_without_overhead_ms", False)):
+                    scen = load_scenario(grid_scenario(model, tmp / "ev.yaml", cal, rtt_s=rtt, server_flops=flops,
+                                                       capacity=GRID_ARCHITECTURES[arch], overhead=with_o))
+                    base = build_problem(scen)
+                    placement = load_placement(pl, base)
+                    problem = problem_for(scen, placement) if placement.local else base
+                    row[key] = 1e3 * placement_breakdown(problem, placement)["mean_token_latency_s"]
+                rows.append(row)
+                print(f"  rtt {row['rtt_ms']:5.1f} ms  {speed:4s}  {arch:18s}  measured {row['measured_ms']:7.2f}  "
+                      f"predicted {row['predicted_ms']:7.2f}  median ratio {row['ratio_median']:.3f}  "
+                      f"mean ratio {row['ratio_mean']:.3f}  (model without overhead: "
+                      f"{row['evaluate_without_overhead_ms']:.2f} vs {row['evaluate_ms']:.2f} ms)", flush=True)
+    within = sum(abs(r["ratio_median"] - 1) <= 0.05 and abs(r["ratio_mean"] - 1) <= 0.05 for r in rows)
+    return {"calibration": {k: cal[k] for k in ("dense_flops_per_s", "expert_flops_per_s", "message_overhead_s",
+                                                "round_trip_s")},
+            "rows": rows, "cells_within_5%": f"{within}/{len(rows)}"}
+
+
+SECTIONS = ("transport", "emulation", "overhead", "predicted", "memory", "grid")
 
 
 def main() -> None:
@@ -262,7 +339,7 @@ def main() -> None:
         for sec in a.sections:
             t0 = time.time()
             fn = globals()[f"bench_{sec}"]
-            results[sec] = fn(tmp) if sec in ("overhead", "predicted", "memory") else fn()
+            results[sec] = fn(tmp) if sec in ("overhead", "predicted", "memory", "grid") else fn()
             results[sec]["seconds"] = time.time() - t0
             print(f"== {sec} ({results[sec]['seconds']:.0f} s)")
             print(json.dumps(results[sec], indent=1, default=str))

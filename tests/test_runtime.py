@@ -533,11 +533,54 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
                 p.wait(10)
 
 
-def test_calibrate_prints_flops(model_dirs, capsys):
+def test_calibrate_prints_flops_and_message_overhead(model_dirs, capsys):
     d = model_dirs("olmoe")
-    assert main(["calibrate", "--model", str(d), "--tokens", "4", "--json"]) == 0
+    assert main(["calibrate", "--model", str(d), "--tokens", "4", "--rounds", "20", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["dense_flops_per_s"] > 0 and r["expert_flops_per_s"] > 0 and r["expert_s"] > 0
+    o, t, c = r["message_overhead_s"], r["round_trip_s"], r["compute_s"]
+    assert set(o) == {"device", "server", "cloud"} and all(v >= 0 for v in o.values())
+    # the three round trips solved by the model's formula: 2 (o_a + o_b) per request and reply
+    if min(o.values()) > 0:
+        assert abs(2 * (o["device"] + o["server"]) - (t["home"] - c["home"])) < 1e-12
+        assert abs(t["relay"] - c["relay"] - (t["home"] - c["home"]) - 4 * o["server"]) < 1e-12
+        assert abs(t["cloud"] - c["cloud"] - (t["home"] - c["home"]) - 2 * (o["server"] + o["cloud"])) < 1e-12
+    assert main(["calibrate", "--model", str(d), "--tokens", "2", "--rounds", "0", "--json"]) == 0
+    assert "message_overhead_s" not in json.loads(capsys.readouterr().out)
+
+
+def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
+    """With calibrate's numbers in the scenario (speeds and message_overhead_s), a paced run on
+    unemulated-fast links is what the model predicts (CI-sized; the grid is benchmarks/bench_runtime.py
+    grid, within 5% there): without the overhead the model would miss most of the time."""
+    from slimcaching.evaluation import placement_breakdown
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem
+    from slimcaching.runtime.calibrate import calibrate, message_overhead
+    from slimcaching.scenario import load_scenario
+
+    d = model_dirs("mixtral")
+    cal = calibrate(str(d), tokens=8)
+    o = message_overhead(str(d), rounds=30)["message_overhead_s"]
+    speed = 0.9 * cal["dense_flops_per_s"]  # FLOP/s; pacing pads up only: a margin for jitter
+    data = scenario_dict(d, capacity="20 kB", users=1, rtt="0.5 ms", link_rtt="0.5 ms", cloud_rtt="2 ms",
+                         user_flops=speed, server_flops=speed, cloud_flops=speed)
+    bare = write_scenario(tmp_path / "bare.yaml", data)
+    for s in data["servers"]:
+        s["message_overhead_s"] = o["server"]
+    data["cloud"]["message_overhead_s"] = o["cloud"]
+    data["users"][0]["message_overhead_s"] = o["device"]
+    sc = write_scenario(tmp_path / "sc.yaml", data)
+    pl = solve(sc, "slimcaching", tmp_path / "p.json")
+    code, rep = _run(tmp_path, sc, pl, d, "--pace", "--no-reference", tokens=6)
+    assert code == 0
+    assert 0.8 <= rep["ratio_median"] <= 1.25, rep["ratio_median"]
+
+    def model_ms(path):
+        scen = load_scenario(path)
+        return placement_breakdown(build_problem(scen), load_placement(pl, build_problem(scen)))["mean_token_latency_s"]
+
+    assert model_ms(sc) > model_ms(bare)  # the overhead is in the calibrated prediction
 
 
 _PEAK = r"""

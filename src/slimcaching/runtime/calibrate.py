@@ -4,15 +4,36 @@ Times ``tokens`` greedy decode steps of the monolithic model (one token each) an
 expert of every MoE layer on one token through the model's own experts class. The dense time is a
 step minus the routed experts it ran (K per MoE layer); the flops numbers are the model's
 ``dense_flops`` and ``expert_flops`` divided by those times, ready for a scenario's ``flops``.
+
+:func:`message_overhead` measures the per-message software cost (LogP's o, the scenario's
+``message_overhead_s``) with the runtime's own processes: a local cluster of two edge servers and
+the cloud on loopback, no link emulation, and this process as a device sending one-row layer
+requests through :class:`~slimcaching.runtime.device.DeviceClient`. Three round trips, each the
+median of ``rounds`` interleaved requests, are solved for the three costs by the model's own
+formula (docs/model.md, "Per-message overhead": a round trip between a and b costs 2 (o_a + o_b)):
+
+* home: an expert the home server holds -- ``T1 = 2 (o_d + o_s) + c``;
+* relay: an expert the neighbour holds, relayed by the home -- ``T2 = T1 + 2 (o_s + o_s)``;
+* cloud: an expert only the cloud holds -- ``T3 = T1 + 2 (o_s + o_c)``;
+
+where ``c`` is the holder's expert compute, as the holder reports it. Loopback's own transfer time
+is part of o (the model has no other place for it on an unemulated link).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import yaml
+
+from slimcaching.errors import ScenarioError
 from slimcaching.hf import find_moe_layers, load_model
 from slimcaching.model_dir import model_numbers
+from slimcaching.runtime.cluster import load_context
 from slimcaching.runtime.weights import expert_source, run_expert
 
 
@@ -59,3 +80,70 @@ def calibrate(model_dir: str, tokens: int = 32) -> dict:
     return {"model": model_dir, "decode_step_s": step, "dense_s": dense, "expert_s": expert,
             "dense_flops_per_s": nums["dense_flops"] / dense, "expert_flops_per_s": nums["expert_flops"] / expert,
             "tokens": tokens}
+
+
+def _overhead_cluster(model_dir: str, work: Path) -> tuple[Path, Path]:
+    """A scenario and placement for :func:`message_overhead`: u0 at e0, e0 - e1 - cloud; e0 holds
+    expert 0 of the first MoE layer, e1 expert 1, the cloud every expert (2 and up only there)."""
+    servers = [{"name": n, "capacity_bytes": "1 GB", "flops": "1 TFLOPS", "cloud_rate_bps": "10 Gbit/s",
+                "cloud_rtt_s": "1 ms"} for n in ("e0", "e1")]
+    scenario = {"name": "calibrate-overhead", "models": [{"name": "m", "hf": str(Path(model_dir).resolve())}],
+                "cloud": {"flops": "1 TFLOPS"}, "servers": servers,
+                "server_links": [{"a": "e0", "b": "e1", "rate_bps": "10 Gbit/s", "rtt_s": "1 ms"}],
+                "profiles": {"p": {"synthetic": {"model": "m", "task": "sqa", "tokens": 100}}},
+                "users": [{"name": "u0", "home": "e0", "uplink_bps": "10 Gbit/s", "downlink_bps": "10 Gbit/s",
+                           "rtt_s": "1 ms", "flops": "1 TFLOPS", "cache_bytes": "0 B",
+                           "workload": [{"model": "m", "weight": 1, "profile": "p"}]}]}
+    placement = {"format": "slimcaching/placement@1", "algorithm": "calibrate", "latency_model": "slimcaching",
+                 "edge": {"e0": [["m", 0, 0]], "e1": [["m", 0, 1]]}}
+    sc, pl = work / "scenario.yaml", work / "placement.json"
+    sc.write_text(yaml.safe_dump(scenario, sort_keys=False))
+    pl.write_text(json.dumps(placement))
+    return sc, pl
+
+
+def message_overhead(model_dir: str, rounds: int = 200) -> dict:
+    """This machine's ``message_overhead_s`` for a device, an edge server and the cloud (see the
+    module docstring), with the three round trips and the compute they were solved from."""
+    import torch  # optional extra (hf)
+
+    from slimcaching.runtime.device import DeviceClient  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.launch import LocalCluster  # optional extra (runtime: pyzmq)
+
+    torch.set_num_threads(1)  # as a device does (session.device_session)
+    with tempfile.TemporaryDirectory(prefix="slimcaching-calibrate-") as td:
+        work = Path(td)
+        sc, pl = _overhead_cluster(model_dir, work)
+        ctx = load_context(sc, pl, model_dir)
+        lay = ctx.layout
+        if lay.experts < 3:
+            raise ScenarioError("model", "timing the per-message overhead needs at least 3 experts per MoE "
+                                "layer (or --rounds 0)", lay.experts)
+        x = torch.randn(1, lay.hidden_size or 1, dtype=torch.float32)
+        if lay.wire_dtype == "float16":
+            x = x.half()
+        elif lay.dtype_tag == "bfloat16":
+            x = x.bfloat16()
+        paths = {"home": 0, "relay": 1, "cloud": 2}  # expert -> where it runs
+        times = {k: [] for k in paths}
+        compute = {k: [] for k in paths}
+        with LocalCluster(lay.nodes, str(sc), str(pl), str(ctx.model_dir), lay.model, work, emulate=False,
+                          users=["u0"]) as cluster:
+            client = DeviceClient("u0", lay, cluster.addresses, {}, emulate=False, keyring=cluster.keyring("u0"))
+            try:
+                for i in range(rounds + 20):  # interleaved, so a noisy second hits all three alike
+                    for kind, e in paths.items():
+                        t0 = time.perf_counter()
+                        _, rec = client.run_layer(0, x, {e: [0]}, [], 0.001)
+                        if i >= 20:  # warm-up: connections, first-call costs
+                            times[kind].append(time.perf_counter() - t0)
+                            compute[kind].append(rec.remote_compute_s)
+            finally:
+                client.close()
+    t = {k: statistics.median(v) for k, v in times.items()}
+    c = {k: statistics.median(v) for k, v in compute.items()}
+    server = max(0.0, (t["relay"] - c["relay"] - (t["home"] - c["home"])) / 4.0)
+    cloud = max(0.0, (t["cloud"] - c["cloud"] - (t["home"] - c["home"])) / 2.0 - server)
+    device = max(0.0, (t["home"] - c["home"]) / 2.0 - server)
+    return {"message_overhead_s": {"device": device, "server": server, "cloud": cloud},
+            "round_trip_s": t, "compute_s": c, "rounds": rounds}
