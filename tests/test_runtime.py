@@ -296,6 +296,10 @@ def test_concurrent_users_and_pace(model_dirs, tmp_path):
         assert row["predicted_s"] > 0 and row["measured_s"] > 0 and len(row["route"]) == 2
         assert set(row["breakdown"]) >= {"device_compute_s", "access_s", "relay_s", "remote_compute_s",
                                          "queue_s", "serialise_s", "overhead_s"}
+        # the parts add up to the measured time (the rest is the overhead, when the others leave any)
+        total = sum(row["breakdown"].values())
+        assert all(v >= 0 for v in row["breakdown"].values()) and total >= row["measured_s"] - 1e-9
+        assert row["breakdown"]["overhead_s"] == 0 or abs(total - row["measured_s"]) < 1e-9
     for st in rep["nodes"].values():
         assert st["rss_bytes"] > 0
     for dev in rep["devices"].values():  # each device process's own peak

@@ -27,7 +27,7 @@ from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
-from slimcaching.runtime.linkemu import Link, schedule_path, sleep_until
+from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
@@ -217,7 +217,7 @@ class DeviceClient:
                          reply_hops=[] if target == via else [(CLOUD, via)], dtype_tag=tag)
         size = protocol.message_bytes(req.frames())
         links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
-        req.deliver_at = schedule_path(links, size, t0)
+        req.deliver_at = schedule_path(links, size, time.time())  # encoded: ready to go
         sock = self._sock(target)
         try:
             if not sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
@@ -278,8 +278,8 @@ class DeviceClient:
                                                          payload, assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
-            if msg.deliver_at is not None and msg.deliver_at > time.time():
-                sleep_until(msg.deliver_at)
+            if msg.deliver_at is not None:
+                sleep_until(release_time(msg.deliver_at, recv_at))
             self.dead_until.pop(target, None)
             return msg, recv_at
 

@@ -7,6 +7,12 @@ propagation delay later (``deliver_at = free_at + delay``). The receiver holds t
 ``deliver_at`` (:func:`sleep_until`). A multi-hop path is store-and-forward: each hop starts when
 the previous one delivered. One-way costs then add up to the model's ``w = 8d/rate + rtt/2`` per hop.
 
+Software time is not hidden inside the emulated wait (the model adds it: ``message_overhead_s``):
+a sender books its links from when the message is encoded and ready to go, not from when its
+work began, and a receiver holds a message until ``deliver_at`` plus the time it has itself spent
+on the message since it came off the socket (:func:`release_time`), as a real receiver would begin
+that work only once the last byte arrived.
+
 Clocks: ``deliver_at`` is wall-clock time (``time.time()``), shared by every process on one host;
 across hosts it needs synchronised clocks (or ``--no-emulate``).
 """
@@ -43,6 +49,16 @@ def schedule_path(links: list[Link], nbytes: int, ready_at: float) -> float:
     for link in links:
         t = link.schedule(nbytes, t)
     return t
+
+
+def release_time(deliver_at: float | None, received_at: float, now: float | None = None) -> float:
+    """When a receiver may act on a message due at ``deliver_at`` that came off its socket at
+    ``received_at``: the emulated arrival plus the receiver's own time on it since (0.0 when the
+    message carries no arrival time, i.e. at once)."""
+    if not deliver_at:
+        return 0.0
+    now = time.time() if now is None else now
+    return deliver_at + max(0.0, now - received_at)
 
 
 def sleep_until(deadline: float) -> None:

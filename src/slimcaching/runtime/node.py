@@ -39,7 +39,7 @@ from slimcaching.runtime import protocol
 from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.executor import ExpertExecutor
-from slimcaching.runtime.linkemu import schedule_path
+from slimcaching.runtime.linkemu import release_time, schedule_path
 from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import Layout, reversed_path
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
@@ -162,6 +162,10 @@ class NodeServer:
                 self.split.close()
             self.transport.close()
 
+    def _due(self, deliver_at: float | None) -> float:
+        """When to act on the message being handled (linkemu.release_time)."""
+        return release_time(deliver_at, self.transport.received_at)
+
     def _next_deadline(self) -> float:
         return min(min((s.deadline for s in self.pending.values()), default=float("inf")),
                    min((s.deadline for s in self.step_pending.values()), default=float("inf")))
@@ -242,7 +246,7 @@ class NodeServer:
         self.stats["requests"] += 1
         self.in_flight[who] = self.in_flight.get(who, 0) + 1
         self.in_flight_bytes += msg.x.nbytes
-        self.transport.at(msg.deliver_at or 0.0, lambda: self._process(ident, msg, who))
+        self.transport.at(self._due(msg.deliver_at), lambda: self._process(ident, msg, who))
 
     # ---- split-style steps (runtime/split.py) ------------------------------------------------------
     def enable_split(self, model_dir) -> None:
@@ -281,9 +285,9 @@ class NodeServer:
             def done() -> None:  # called by the loop when the host's reply goes out
                 self._step_released(who, msg.x.nbytes)
 
-            self.transport.at(msg.deliver_at or 0.0, lambda: self.split.submit(ident, msg, links, done))
+            self.transport.at(self._due(msg.deliver_at), lambda: self.split.submit(ident, msg, links, done))
         else:
-            self.transport.at(msg.deliver_at or 0.0, lambda: self._forward_step(ident, msg, who))
+            self.transport.at(self._due(msg.deliver_at), lambda: self._forward_step(ident, msg, who))
 
     def _forward_step(self, ident: bytes, msg: SplitStep, who: bytes) -> None:
         lay = self.layout
@@ -292,7 +296,7 @@ class NodeServer:
         sub = SplitStep(next(self.ids), msg.model, msg.user, msg.session, msg.start, msg.host, msg.x, relay=False,
                         reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag)
         sub.deliver_at = schedule_path([self.transport.link(hp) for hp in path],
-                                       protocol.message_bytes(sub.frames()), now)
+                                       protocol.message_bytes(sub.frames()), time.time())
         n = msg.x.shape[0]
         worst = max((c[0][0] for layer in range(lay.layers) for e in range(lay.experts)
                      if (c := lay.candidates(msg.host, layer, e))), default=0.0)
@@ -415,7 +419,7 @@ class NodeServer:
                                  p.req.x[rows], relay=False, reply_hops=reversed_path(path),
                                  dtype_tag=p.req.dtype_tag)
             size = protocol.message_bytes(sub_req.frames())
-            sub_req.deliver_at = schedule_path([self.transport.link(hp) for hp in path], size, now)
+            sub_req.deliver_at = schedule_path([self.transport.link(hp) for hp in path], size, time.time())
             expected = lay.relay_s[(self.name, holder)] + lay.paced_exec_s(holder, len(rows))
             sub = Sub(p, holder, es, now + self.config.deadline_factor * expected + self.config.deadline_floor_s, now)
             if not self.transport.send_to_peer(holder, sub_req.frames()):  # connection down: fall back at once
@@ -439,14 +443,14 @@ class NodeServer:
             return
         if msg.id in self.step_pending:
             relay = self.step_pending[msg.id]
-            due = min(getattr(msg, "deliver_at", None) or 0.0, relay.deadline)
+            due = min(self._due(getattr(msg, "deliver_at", None)), relay.deadline)
             self.transport.at(due, lambda: self._step_reply(msg, relay))
             return
         sub = self.pending.get(msg.id)
         if sub is None:
             self.stats["late_replies"] += 1
             return
-        due = getattr(msg, "deliver_at", None) or 0.0
+        due = self._due(getattr(msg, "deliver_at", None))
         if due > sub.deadline:  # an honest reply is due before the deadline: do not park this one
             due = sub.deadline
         self.transport.at(due, lambda: self._on_reply_released(msg, sub))
@@ -538,7 +542,7 @@ class NodeServer:
         links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
         if req.reply_user is not None:
             links.append(self.transport.link(("down", req.reply_user)))
-        res.deliver_at = schedule_path(links, size, p.ready_at)
+        res.deliver_at = schedule_path(links, size, max(p.ready_at, time.time()))  # encoded: ready to go
         self._release(p)
         self.transport.send_to_client(p.ident, res.frames())
 

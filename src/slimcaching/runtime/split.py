@@ -39,7 +39,7 @@ from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
-from slimcaching.runtime.linkemu import Link, schedule_path, sleep_until
+from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
 from slimcaching.runtime.tensors import to_numpy, to_torch
@@ -159,7 +159,7 @@ class HostExperts:
             req = RunRequest(next(self.ids), lay.model, layer, [(e, [pos[r] for r in remote[e]]) for e in es],
                              to_numpy(x[rows]), relay=False, reply_hops=reversed_path(path), dtype_tag=tag)
             req.deliver_at = schedule_path([self.transport.link(hp) for hp in path],
-                                           protocol.message_bytes(req.frames()), now)
+                                           protocol.message_bytes(req.frames()), time.time())
             expected = lay.relay_s[(self.node, holder)] + lay.paced_exec_s(holder, len(rows))
             sock = self._sock(holder)
             sent = False
@@ -204,7 +204,9 @@ class HostExperts:
             wait = max(0.001, min(d for _, _, d, _ in pending.values()) - time.time())
             for s, _ in poller.poll(int(wait * 1000) + 1):
                 try:
-                    msg = protocol.parse([f.buffer for f in s.recv_multipart(copy=False)])
+                    frames = s.recv_multipart(copy=False)
+                    received_at = time.time()
+                    msg = protocol.parse([f.buffer for f in frames])
                 except protocol.ProtocolError:
                     continue  # a deadline will move the experts on
                 entry = pending.get(msg.id)
@@ -214,7 +216,7 @@ class HostExperts:
                 del pending[msg.id]
                 if isinstance(msg, Result) and msg.matches(want, width, np.dtype(to_numpy(x[:1]).dtype)):
                     if msg.deliver_at is not None:
-                        sleep_until(min(msg.deliver_at, deadline))
+                        sleep_until(min(release_time(msg.deliver_at, received_at), deadline))
                     for e, t in zip(msg.experts, msg.tensors):
                         tt = torch.from_numpy(np.array(t, copy=True))
                         outputs[e] = tt.view(torch.bfloat16) if x.dtype == torch.bfloat16 else tt
@@ -560,7 +562,9 @@ class SplitClient:
             if not sock.poll(max(1, int(left * 1000))):
                 continue
             try:
-                msg = protocol.parse([f.buffer for f in sock.recv_multipart(copy=False)])
+                frames = sock.recv_multipart(copy=False)
+                received_at = time.time()
+                msg = protocol.parse([f.buffer for f in frames])
             except protocol.ProtocolError as exc:
                 return f"malformed reply ({str(exc)[:80]})"
             if msg.id != req.id:
@@ -574,7 +578,7 @@ class SplitClient:
             if msg.deliver_at is not None and msg.deliver_at > deadline + 10.0:
                 return "reply due far after the deadline"
             if msg.deliver_at is not None:
-                sleep_until(msg.deliver_at)
+                sleep_until(release_time(msg.deliver_at, received_at))
             self.dead_until.pop(target, None)
             return msg
 

@@ -67,6 +67,7 @@ class Transport:
         self.seq = itertools.count()
         self.running = True
         self.errors = 0  # callbacks that raised (logged, survived)
+        self.received_at = 0.0  # when the message being handled came off its socket (linkemu.release_time)
 
     # ---- sockets -------------------------------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -191,6 +192,7 @@ class Transport:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self.received_at = time.time()
             if sock is self.router:
                 if len(frames) < 2:
                     continue
