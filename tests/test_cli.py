@@ -156,3 +156,25 @@ def test_every_command_is_registered():
     names = set(get_command(app).commands)
     assert {"validate", "export", "solve", "evaluate", "simulate", "demo", "scenario", "experiment", "report",
             "profile", "algorithms", "presets", "cluster", "node", "generate", "calibrate"} <= names
+
+
+def test_output_never_wraps_when_not_a_terminal(tmp_path):
+    """Piped output: a long path stays on one line (copy-paste, scripts), on stdout and stderr."""
+    import subprocess
+    import sys
+
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 6)
+    deep.mkdir(parents=True)
+    target = deep / "placement-with-a-long-name.json"
+    r = subprocess.run([sys.executable, "-m", "slimcaching.cli", "solve", "default", "-a", "lfu", "-o", str(target)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    assert any(str(target) in line for line in (r.stdout + r.stderr).splitlines()), r.stdout + r.stderr
+
+
+def test_generator_flags_checked_as_flags(tmp_path, capsys):
+    out = tmp_path / "s.yaml"
+    assert main(["scenario", "new", "-o", str(out), "--uplink", "50 furlongs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --uplink: unknown unit 'furlongs'") and "users[0]" not in err and not out.exists()
+    assert main(["scenario", "new", "-o", str(out), "--uplink", "50 mbps", "--users", "3"]) == 0 and out.exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -647,3 +649,35 @@ def test_device_peak_memory_does_not_grow_with_experts_it_does_not_hold(tmp_path
     assert got["64-dense"]["params"] - got["8-dense"]["params"] == 2 * 56 * 64  # the dense parts differ by the routers
     assert abs(got["64-dense"]["grew"] - got["8-dense"]["grew"]) < 10 * 2**20, got
     assert got["64-full"]["grew"] - got["64-dense"]["grew"] > 30 * 2**20, got  # the test can tell: 42 MiB of experts
+
+
+_HIDDEN = """
+import sys
+for m in ("torch", "transformers", "safetensors", "tokenizers"):
+    sys.modules[m] = None  # as on a core install
+if sys.argv[1] == "tiny":
+    from slimcaching.runtime.tiny import main
+    sys.exit(main(sys.argv[2:]))
+from slimcaching.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_commands_needing_torch_say_the_install_in_one_line(model_dirs, tmp_path):
+    """On an install without torch and transformers each such command says, in one line and exit 2,
+    the whole install (torch first, then the extras); no traceback."""
+    d = model_dirs("mixtral")
+    sc, pl = _setups(tmp_path, d)[0]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w1 w2\n")
+    commands = [["profile", str(d), "--prompts", str(prompts), "-o", str(tmp_path / "prof.json")],
+                ["calibrate", "--model", str(d)],
+                ["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1 w2"],
+                ["tiny", str(tmp_path / "t")]]
+    for argv in commands:
+        r = subprocess.run([sys.executable, "-c", _HIDDEN, *argv], capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, (argv, r.stderr)
+        assert "pip install torch==2.13.0 && pip install -e '.[hf,runtime]'" in lines[0], (argv, lines)
+        assert "Traceback" not in r.stderr + r.stdout
+    assert not (tmp_path / "prof.json").exists() and not (tmp_path / "t").exists()

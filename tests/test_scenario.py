@@ -37,6 +37,34 @@ def test_unit_errors(text, kind):
         parse_quantity(text, kind)
 
 
+@pytest.mark.parametrize("text,kind,value", [
+    ("100 mbps", "bits_per_s", 1e8), ("50 MBIT/S", "bits_per_s", 5e7), ("1 GBPS", "bits_per_s", 1e9),
+    ("5 MS", "seconds", 5e-3), ("2 gib", "bytes", 2 * 2**30), ("3 tflops", "flops_per_s", 3e12),
+])
+def test_units_case_free_where_unambiguous(text, kind, value):
+    assert parse_quantity(text, kind) == pytest.approx(value, rel=1e-15)
+
+
+def test_unit_error_lists_its_own_dimension_and_refuses_ambiguous_case():
+    with pytest.raises(ScenarioError, match=r"use one of bit/s, kbit/s, Mbit/s, Gbit/s, kbps, Mbps"):
+        parse_quantity("100 megabits", "bits_per_s", "users[0].uplink_bps")
+    with pytest.raises(ScenarioError, match="its case decides"):
+        parse_quantity("8 KB/S", "bits_per_s")  # kbit/s or kB/s (8x): not guessed
+    assert parse_quantity("8 kB/s", "bits_per_s") == 64e3 and parse_quantity("8 kb/s", "bits_per_s") == 8e3
+
+
+def test_unknown_field_did_you_mean(tmp_path):
+    data = tiny_scenario_dict()
+    data["servers"][0]["capacity_byte"] = data["servers"][0].pop("capacity_bytes")
+    with pytest.raises(ScenarioError, match=r"^servers\[0\]\.capacity_byte: unknown field \(did you mean "
+                                            r"'capacity_bytes'\?\)$"):  # and not the missing twin
+        resolve_scenario(data)
+    data = tiny_scenario_dict()
+    data["servers"][0]["zzz"] = 1  # nothing close: no guess
+    with pytest.raises(ScenarioError, match=r"zzz: unknown field$"):
+        resolve_scenario(data)
+
+
 # ---- presets
 
 
@@ -259,3 +287,40 @@ def test_lfu_skips_what_does_not_fit():
     # m1 expert (2 MB) scores 0.5/2e6; m0 experts (1 MB) score 0.25/1e6 each: equal -> model order
     got = lfu_local_cache(sc, sc.users[0])
     assert got == [("m0", 0, 0), ("m0", 0, 1)]
+
+
+def test_plausibility_warnings_not_errors(tmp_path, capsys):
+    from slimcaching.cli import main
+    from slimcaching.scenario.plausible import plausibility_warnings
+
+    assert plausibility_warnings(load_scenario(None)) == []  # the built-in scenario is plausible
+    data = tiny_scenario_dict()
+    data["servers"][0]["cloud_rtt_s"] = 30  # seconds: milliseconds were meant
+    data["users"][0]["uplink_bps"] = 10  # a unit missing
+    data["servers"][1]["flops"] = 1e30
+    got = plausibility_warnings(resolve_scenario(data))
+    assert any(w.startswith("servers[0].cloud_rtt_s: 30 s is a round trip over 1 s") for w in got)
+    assert any("uplink_bps: 10 bit/s is under 1 kbit/s" in w for w in got)
+    assert any(w.startswith("servers[1].flops:") and "faster than the cloud" in w for w in got)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    assert main(["validate", str(path)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("ok:") and "warning: servers[0].cloud_rtt_s: 30 s" in cap.err
+
+
+def test_outputs_honour_the_umask(tmp_path):
+    import os
+    import stat
+
+    from slimcaching.fileio import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        atomic_write(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600

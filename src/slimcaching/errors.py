@@ -43,3 +43,21 @@ def printable(value: str, field: str) -> str:
     if has_control_characters(value):
         raise ScenarioError(field, CONTROL_CHARACTERS, value)
     return value
+
+
+# optional packages -> the extra that brings them (pyproject.toml); torch is installed first, alone:
+# its plain requirement would make pip fetch a multi-GB CUDA build
+EXTRAS = {"torch": "hf", "transformers": "hf", "safetensors": "hf", "tokenizers": "hf", "zmq": "runtime",
+          "msgpack": "runtime", "ray": "ray"}
+
+
+def missing_extra_line(module: str) -> str | None:
+    """The one line that says which install brings ``module`` (None: not one of our extras)."""
+    root = module.split(".")[0]
+    extra = EXTRAS.get(root)
+    if extra is None:
+        return None
+    extras = "hf,runtime" if extra in ("hf", "runtime") else extra
+    torch = "pip install torch==2.13.0 && " if extra in ("hf", "runtime") else ""
+    return (f"this command needs {root}, which is not installed (the '{extra}' extra): "
+            f"{torch}pip install -e '.[{extras}]'   (or: make .venv/.full)")

@@ -50,6 +50,13 @@ def check_target(path: str | Path, field: str = "output") -> Path:
     return p
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path, field: str = "output", suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it goes."""
@@ -58,6 +65,7 @@ def atomic_output(path: str | Path, field: str = "output", suffix: str = "") -> 
                                dir=str(target.parent) if str(target.parent) else ".")
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600: an output is a file like any the user writes
     try:
         yield tmp_path
         os.replace(tmp_path, target)

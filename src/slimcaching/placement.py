@@ -119,7 +119,7 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
     try:
         pin = PlacementIn.model_validate(data)
     except ValidationError as exc:
-        raise pydantic_error(exc, prefix=f"{where}.") from None
+        raise pydantic_error(exc, prefix=f"{where}.", model=PlacementIn) from None
     x = problem.empty_placement()
     sidx = {s: i for i, s in enumerate(problem.server_names)}
     models = {m.name: m for m in problem.scenario.models}

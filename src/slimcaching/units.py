@@ -51,6 +51,27 @@ def _table() -> dict[str, dict[str, float]]:
 
 
 UNITS = _table()
+# the spellings an error suggests first, per dimension (the table has every prefix of each)
+EXAMPLES = {
+    "bytes": "B, kB, MB, GB, TB, KiB, MiB, GiB",
+    "bits_per_s": "bit/s, kbit/s, Mbit/s, Gbit/s, kbps, Mbps, Gbps, MB/s (bytes per second)",
+    "seconds": "s, ms, us, ns, min",
+    "flop": "FLOP, MFLOP, GFLOP, TFLOP",
+    "flops_per_s": "FLOPS, MFLOPS, GFLOPS, TFLOPS, GFLOP/s",
+    "bytes_per_s": "B/s, MB/s, GB/s, GiB/s",
+    "per_s": "/s, tokens/s, Hz",
+}
+
+
+def _case_free(table: dict[str, float]) -> dict[str, float]:
+    """Lower-cased spellings that mean one thing only (``mbps`` -> Mbps; ``kb/s`` is kbit/s or kB/s: left out)."""
+    seen: dict[str, set[float]] = {}
+    for unit, factor in table.items():
+        seen.setdefault(unit.lower(), set()).add(factor)
+    return {low: next(iter(fs)) for low, fs in seen.items() if len(fs) == 1}
+
+
+_CASE_FREE = {kind: _case_free(table) for kind, table in UNITS.items()}
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
 
 
@@ -73,8 +94,9 @@ def _parse(value: object, kind: str, field: str = "value") -> float:
     """Return ``value`` in SI units of ``kind`` as a float.
 
     Plain numbers are taken as SI already. Strings are ``<number> <unit>`` with a unit from
-    :data:`UNITS` for that kind (case-sensitive for prefixes: ``MB`` is 1e6 bytes, ``Mbit/s`` 1e6
-    bits/s, ``MB/s`` as a bit rate is 8e6 bits/s).
+    :data:`UNITS` for that kind. Case is free where the spelling means one thing only (``100 mbps``,
+    ``5 MS``); where case decides, it is as written (``MB/s`` as a bit rate is 8e6 bits/s, ``Mb/s``
+    1e6).
     """
     if isinstance(value, bool):
         raise ScenarioError(field, "expected a number or a unit string", value)
@@ -90,15 +112,13 @@ def _parse(value: object, kind: str, field: str = "value") -> float:
         number, unit = m.group(1), (m.group(2) or "").strip()
         table = UNITS[kind]
         if unit and unit not in table:
-            # be lenient about case only where it cannot be ambiguous (e.g. "ms" vs "Ms")
-            lowered = {k.lower(): v for k, v in table.items()}
-            if kind in ("seconds", "per_s") and unit.lower() in lowered:
-                factor = lowered[unit.lower()]
-            else:
-                known = ", ".join(sorted(table)[:12])
-                raise ScenarioError(
-                    field, f"unknown unit {unit!r} for {kind.replace('_', ' ')} (e.g. {known})", value
-                )
+            # any case where the spelling cannot be ambiguous ("mbps", "MBIT/S"; not "kb/s": bits or bytes?)
+            factor = _CASE_FREE[kind].get(unit.lower())
+            if factor is None:
+                why = (" (its case decides: bits or bytes)" if any(u.lower() == unit.lower() for u in table)
+                       else "")
+                raise ScenarioError(field, f"unknown unit {unit!r} for {kind.replace('_', ' ')}{why}; use one of "
+                                    f"{EXAMPLES[kind]}", value)
         else:
             factor = table[unit] if unit else 1.0
         out = float(number) * factor

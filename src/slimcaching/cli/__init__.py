@@ -13,6 +13,7 @@ cluster stop).
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
@@ -23,10 +24,14 @@ from typer._click.exceptions import BadParameter, NoArgsIsHelpError, NoSuchOptio
 from typer.exceptions import Abort, Exit
 from typer.main import get_command
 
-from slimcaching.algorithms import SolverBug
+# transformers' and the hub's progress bars ("Loading weights", ...) are off unless asked for
+# (HF_HUB_DISABLE_PROGRESS_BARS=0); set before they are imported, and inherited by the nodes we start
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from slimcaching.algorithms import SolverBug  # noqa: E402
 from slimcaching.cli import catalog, evaluate, experiment, keys, profile, runtime, scenario, solve
 from slimcaching.cli.common import console
-from slimcaching.errors import ScenarioError
+from slimcaching.errors import ScenarioError, missing_extra_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SlimCaching: edge caching of MoE experts for distributed inference.")
@@ -107,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except ModuleNotFoundError as exc:
+        line = missing_extra_line(exc.name or "")
+        if line is None:
+            raise
+        console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        return 2
     except OSError as exc:
         where = exc.filename or ""
         console.print(f"[red]error:[/] {escape(str(where) or 'os')}: {escape(exc.strerror or str(exc))}",

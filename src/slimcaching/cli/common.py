@@ -10,14 +10,18 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from slimcaching.errors import ScenarioError
 from slimcaching.scenario import load_scenario
+from slimcaching.scenario.plausible import plausibility_warnings
 
-console = Console(stderr=True)
-# piped or redirected output is not a terminal: use a wide page so tables never cut names
-out = Console() if sys.stdout.isatty() else Console(width=250)
+# piped or redirected output is not a terminal: lines are never wrapped (paths stay whole for
+# copy-paste and scripts) and tables get a wide page so they never cut names
+_PAGE = {"width": 250, "soft_wrap": True}
+console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, **_PAGE)
+out = Console() if sys.stdout.isatty() else Console(**_PAGE)
 
 ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
@@ -34,6 +38,12 @@ def table(*headers: str, **kw) -> Table:
 def read_scenario(scenario: str | None):
     """The scenario of a command's argument (``default`` or empty: the built-in one)."""
     return load_scenario(None if scenario in (None, "", "default") else scenario)
+
+
+def warn_implausible(sc) -> None:
+    """The scenario's plausibility warnings, one line each on stderr (never an error)."""
+    for w in plausibility_warnings(sc):
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 
 
 def parse_params(items: list[str] | None) -> dict:

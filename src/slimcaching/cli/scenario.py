@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from slimcaching.cli.common import ScenarioArg, console, flags, out, read_scenario
+from slimcaching.cli.common import ScenarioArg, console, flags, out, read_scenario, warn_implausible
 from slimcaching.fileio import atomic_write, check_target, data_file_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.limits import check
 from slimcaching.scenario import ScenarioErrors, canonical_json, resolve_scenario
+from slimcaching.units import parse_quantity
 
 app = typer.Typer()  # commands registered on the main app by slimcaching.cli
 scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
@@ -27,6 +28,7 @@ def validate(scenario: ScenarioArg = "default") -> None:
         for e in exc.errors:
             console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    warn_implausible(sc)
     out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
               f"{len(sc.users)} users, {len(sc.profiles)} profiles")
 
@@ -68,6 +70,12 @@ def scenario_new(
     check("users", users, "--users", "users")
     check("servers", servers, "--servers", "servers")
     check_target(output, "--output")
+    # the quantity flags are checked as flags, before anything is generated
+    for flag, value, kind in (("--capacity", capacity, "bytes"), ("--uplink", uplink, "bits_per_s"),
+                              ("--downlink", downlink, "bits_per_s"), ("--link-rate", link_rate, "bits_per_s"),
+                              ("--backhaul", backhaul, "bits_per_s"), ("--local-cache", local_cache, "bytes"),
+                              ("--access-rtt", access_rtt, "seconds")):
+        parse_quantity(value, kind, flag)
     opts = GeneratorOptions(servers=servers, users=users,
                             models=tuple(m.strip() for m in models.split(",") if m.strip()),
                             models_per_user=models_per_user, capacity=capacity, uplink=uplink,

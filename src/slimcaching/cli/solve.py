@@ -13,7 +13,7 @@ from rich.progress import Progress
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
 from slimcaching.algorithms.co_local import co_activation_local_caches
 from slimcaching.bounds import certify
-from slimcaching.cli.common import ScenarioArg, console, out, parse_params, read_scenario, table
+from slimcaching.cli.common import ScenarioArg, console, out, parse_params, read_scenario, table, warn_implausible
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_latency
 from slimcaching.fileio import atomic_write, check_target
@@ -59,6 +59,7 @@ def solve_cmd(
     if output is not None:
         check_target(output, "--output")
     sc = read_scenario(scenario)
+    warn_implausible(sc)
     if co_local:
         sc = co_activation_local_caches(sc)
     problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory

@@ -121,7 +121,7 @@ def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = 
             if not hit:
                 cells.append("–")
             else:
-                cells.append(f"{hit[0][1]:.4g} ± {hit[0][2]:.2g}" if hit[0][2] > 0 else f"{hit[0][1]:.4g}")
+                cells.append(mean_pm(hit[0][1], hit[0][2]) if hit[0][2] > 0 else f"{hit[0][1]:.4g}")
         lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
     lines.append("")
     main = "slimcaching" if "slimcaching" in agg else "slimcaching-fast"
@@ -132,7 +132,7 @@ def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = 
             parts = []
             for b in ("greedy", "lfu", "u-shaped", "random"):
                 if b in lat and x in lat[b] and sc is not None:
-                    parts.append(f"{100 * (lat[b][x] - sc) / lat[b][x]:.1f}% lower than {b}")
+                    parts.append(f"{relative(sc, lat[b][x])} than {b}")
             if parts:
                 lines.append(f"- at x = {x:g}: {main} is " + ", ".join(parts) + ".")
         lines.append("")
@@ -140,12 +140,11 @@ def summary(exp: Experiment, rows: list[dict], agg: dict, scenario_label: str = 
         lat = {a: dict((p[0], p[1]) for p in agg[a]) for a in algos}
         if 2.5 in lat.get(main, {}):
             sc = lat[main][2.5]
-            ours = {b: 100 * (lat[b][2.5] - sc) / lat[b][2.5] for b in ("greedy", "lfu") if 2.5 in lat.get(b, {})}
+            ours = {b: relative(sc, lat[b][2.5]) for b in ("greedy", "lfu") if 2.5 in lat.get(b, {})}
             lines += ["## Headline claim at 2.5 GB", "", f"Ours: `{main}`.", "",
                       "| | vs Greedy | vs LFU |", "|---|---|---|",
                       f"| the paper reports | {PAPER_HEADLINE['greedy']}% lower | {PAPER_HEADLINE['lfu']}% lower |",
-                      f"| we measure ({scenario_label}) | {ours.get('greedy', float('nan')):.1f}% lower | "
-                      f"{ours.get('lfu', float('nan')):.1f}% lower |", "",
+                      f"| we measure ({scenario_label}) | {ours.get('greedy', '–')} | {ours.get('lfu', '–')} |", "",
                       "Our scenario, network and profiles are synthetic stand-ins for the paper's (its full "
                       "text and traces are not available here), so the numbers need not match; the table says "
                       "what this tool measures, whatever it is.", ""]
@@ -197,6 +196,31 @@ def headline_variants(quick: bool, seed: int = 0) -> list[tuple[str, dict[str, f
     return out
 
 
+def relative(ours: float, theirs: float) -> str:
+    """``ours`` against ``theirs`` in words: "16.7% lower", or "12.6x higher" / "25.0% higher".
+
+    >>> relative(80.0, 100.0), relative(125.0, 100.0), relative(1361.9, 100.0)
+    ('20.0% lower', '25.0% higher', '13.6x higher')
+    """
+    if ours <= theirs:
+        return f"{100 * (theirs - ours) / theirs:.1f}% lower"
+    if ours >= 2 * theirs:
+        return f"{ours / theirs:.1f}x higher"
+    return f"{100 * (ours - theirs) / theirs:.1f}% higher"
+
+
+def mean_pm(mean: float, half: float) -> str:
+    """``mean ± half`` with the half-width to 2 significant digits and the mean to the same place.
+
+    >>> mean_pm(654.4, 270.3), mean_pm(0.12345, 0.0123), mean_pm(206.36, 0.5)
+    ('650 ± 270', '0.123 ± 0.012', '206.36 ± 0.50')
+    """
+    place = 1 - math.floor(math.log10(half))  # decimals; negative: tens, hundreds, ...
+    if place > 0:
+        return f"{mean:.{place}f} ± {half:.{place}f}"
+    return f"{round(mean, place):.0f} ± {round(half, place):.0f}"
+
+
 def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
     """Markdown lines of the headline variants table."""
     lines = ["## The headline under other assumptions (2.5 GB, seed 0)", "",
@@ -205,8 +229,8 @@ def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
              f"| the paper | | {PAPER_HEADLINE['greedy']}% lower | {PAPER_HEADLINE['lfu']}% lower | | |"]
     for label, lat in variants:
         s = lat["slimcaching"]
-        lines.append(f"| {label} | {s:.4g} | {100 * (lat['greedy'] - s) / lat['greedy']:.1f}% lower | "
-                     f"{100 * (lat['lfu'] - s) / lat['lfu']:.1f}% lower | {lat['u-shaped']:.4g} | "
+        lines.append(f"| {label} | {s:.4g} | {relative(s, lat['greedy'])} | "
+                     f"{relative(s, lat['lfu'])} | {lat['u-shaped']:.4g} | "
                      f"{lat['slimcaching-hybrid']:.4g} |")
     lines += ["", "What moves the numbers: the per-layer access round trip (every SlimCaching-style layer that "
               "is not all-local pays it; split-style serving pays it once per token), how many servers a user "

@@ -9,7 +9,10 @@ timing and failure handling are the same as for a real checkpoint.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from slimcaching.errors import missing_extra_line
 
 FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "deepseek_v3")
 
@@ -68,8 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    d = build_tiny_model(a.directory, a.family, hidden=a.hidden, intermediate=a.intermediate, layers=a.layers,
-                         experts=a.experts, top_k=a.top_k, seed=a.seed)
+    try:
+        d = build_tiny_model(a.directory, a.family, hidden=a.hidden, intermediate=a.intermediate,
+                             layers=a.layers, experts=a.experts, top_k=a.top_k, seed=a.seed)
+    except ModuleNotFoundError as exc:
+        line = missing_extra_line(exc.name or "")
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     print(f"wrote {d}")
     return 0
 

@@ -71,7 +71,9 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
     try:
         sin = ScenarioIn.model_validate(data)
     except ValidationError as exc:
-        errs = [pydantic_error(exc, index=k) for k in range(min(len(exc.errors()), 100))]
+        errs = [pydantic_error(exc, index=k, model=ScenarioIn) for k in range(min(len(exc.errors()), 100))]
+        guessed = {getattr(e, "suggests", None) for e in errs} - {None}
+        errs = [e for e in errs if not (e.field in guessed and "required field is missing" in str(e))] or errs
         raise (ScenarioErrors(errs) if len(errs) > 1 else errs[0]) from None
     col = _Collector()
     # sizes first: nothing below may materialise what a file merely implies
@@ -287,7 +289,7 @@ def _resolve_profile(name: str, pdata: Any, models: dict[str, Model], base_dir: 
         try:
             syn = SyntheticIn.model_validate(pdata["synthetic"])
         except ValidationError as exc:
-            raise pydantic_error(exc, prefix=f"{where}.synthetic.") from None
+            raise pydantic_error(exc, prefix=f"{where}.synthetic.", model=SyntheticIn) from None
         if syn.model not in models:
             raise ScenarioError(f"{where}.synthetic.model", "unknown model", syn.model)
         check("synthetic_tokens", syn.tokens, f"{where}.synthetic.tokens", "tokens")

@@ -7,6 +7,8 @@ every model forbids unknown fields. :func:`pydantic_error` turns pydantic's erro
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -187,8 +189,41 @@ def format_loc(loc: tuple) -> str:
     return out or "scenario"
 
 
-def pydantic_error(exc: ValidationError, prefix: str = "", index: int = 0) -> ScenarioError:
-    """The ``index``-th error of a pydantic validation as one :class:`ScenarioError` naming the field."""
+def _model_in(annotation):
+    """The pydantic model inside an annotation (``list[X]``, ``X | None``, ``dict[str, X]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_names_at(model, loc: tuple) -> list[str]:
+    """The field names (and aliases) of the model a pydantic error location ``loc`` ends in."""
+    cur = model
+    parts = list(loc[:-1])
+    while parts and cur is not None:
+        part = parts.pop(0)
+        if isinstance(part, int):
+            continue
+        info = cur.model_fields.get(part)
+        if info is None:
+            return []
+        origins = {typing.get_origin(info.annotation)} | set(map(typing.get_origin, typing.get_args(info.annotation)))
+        if dict in origins:
+            if parts:
+                parts.pop(0)  # the mapping's key
+        cur = _model_in(info.annotation)
+    if cur is None:
+        return []
+    return sorted({n for n in cur.model_fields} | {f.alias for f in cur.model_fields.values() if f.alias})
+
+
+def pydantic_error(exc: ValidationError, prefix: str = "", index: int = 0, model=None) -> ScenarioError:
+    """The ``index``-th error of a pydantic validation as one :class:`ScenarioError` naming the field
+    (an unknown field of ``model`` with a "did you mean" from its known names)."""
     err = exc.errors()[index]
     loc = format_loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
     msg = err["msg"]
@@ -202,7 +237,13 @@ def pydantic_error(exc: ValidationError, prefix: str = "", index: int = 0) -> Sc
     if err["type"] == "missing":
         return ScenarioError(where, "required field is missing")
     if err["type"] == "extra_forbidden":
-        return ScenarioError(where, "unknown field", show_value=False)
+        names = field_names_at(model, tuple(err["loc"])) if model is not None else []
+        close = difflib.get_close_matches(str(err["loc"][-1]), names, n=1, cutoff=0.6)
+        out = ScenarioError(where, f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field",
+                            show_value=False)
+        parent = where[: -len(str(err["loc"][-1]))]
+        out.suggests = parent + close[0] if close else None  # a misspelt field: its "missing" twin is noise
+        return out
     if isinstance(value, (dict, list)) or " (got " in msg:  # the converter's message shows the value already
         return ScenarioError(where, msg, show_value=False)
     return ScenarioError(where, msg, value)
