@@ -67,7 +67,7 @@ def test_placement_without_local_uses_scenario_caches(tmp_path, tiny, capsys):
     (["solve", "default", "-a", "magic"], "algorithm: unknown algorithm"),
     (["solve", "default", "-a", "lfu", "-p", "x=1"], "param x"),
     (["scenario", "new", "-o", "x.yaml", "--servers", "0"], "servers: must be >= 1"),
-    (["scenario", "new", "-o", "x.yaml", "--capacity", "lots"], "capacity_bytes"),
+    (["scenario", "new", "-o", "x.yaml", "--capacity", "lots"], "--capacity"),
     (["scenario", "new", "-o", "x.txt"], "--output"),
 ])
 def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, needle):

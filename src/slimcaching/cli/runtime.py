@@ -18,7 +18,7 @@ from slimcaching.cli.common import console, flags, ms, out
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import write_json
 from slimcaching.hf import prompt_texts
-from slimcaching.runtime.calibrate import calibrate, message_overhead
+from slimcaching.runtime.calibrate import calibrate, calibration_rows, message_overhead
 from slimcaching.runtime.cluster import cluster_inputs, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.session import (
@@ -231,14 +231,12 @@ def generate_cmd(
 def calibrate_cmd(
     model: ModelOpt,
     tokens: Annotated[int, typer.Option("--tokens", min=2, max=1000, help="Decode steps to time.")] = 32,
-    rounds: Annotated[int, typer.Option("--rounds", min=0, max=100000,
-                                        help="Requests per round trip timing the per-message overhead "
-                                             "(0: skip it).")] = 200,
+    rounds: Annotated[int, typer.Option("--rounds", min=0, max=100000, help="Requests per round trip "
+                                        "timing the per-message overhead (0: skip it).")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Measure this machine's dense and expert execution times for a model, and the runtime's
-    per-message overhead; print the flops and message_overhead_s numbers that make a scenario's
-    model match them."""
+    """Measure this machine's dense and expert times for a model and the runtime's per-message
+    overhead; print the flops and message_overhead_s that make a scenario match them."""
     with flags(model="--model"):
         r = calibrate(str(model), tokens)
         if rounds:
@@ -247,10 +245,6 @@ def calibrate_cmd(
         sys.stdout.write(json.dumps(r, allow_nan=False) + "\n")
         return
     t = Table("quantity", "value")
-    t.add_row("dense part per decoded token", ms(r["dense_s"]))
-    t.add_row("one expert, one token", ms(r["expert_s"]))
-    t.add_row("flops for the dense part (device)", f"{r['dense_flops_per_s']:.4g} FLOP/s")
-    t.add_row("flops for experts (server / device)", f"{r['expert_flops_per_s']:.4g} FLOP/s")
-    for who, v in (r.get("message_overhead_s") or {}).items():
-        t.add_row(f"message_overhead_s ({who})", ms(v))
+    for row in calibration_rows(r):
+        t.add_row(*row)
     out.print(t)

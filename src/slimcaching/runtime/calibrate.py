@@ -147,3 +147,14 @@ def message_overhead(model_dir: str, rounds: int = 200) -> dict:
     device = max(0.0, (t["home"] - c["home"]) / 2.0 - server)
     return {"message_overhead_s": {"device": device, "server": server, "cloud": cloud},
             "round_trip_s": t, "compute_s": c, "rounds": rounds}
+
+
+def calibration_rows(r: dict) -> list[tuple[str, str]]:
+    """(quantity, value) lines of a calibration for a table: times, speeds, per-message overheads."""
+    rows = [("dense part per decoded token", f"{1e3 * r['dense_s']:.3f} ms"),
+            ("one expert, one token", f"{1e3 * r['expert_s']:.3f} ms"),
+            ("flops for the dense part (device)", f"{r['dense_flops_per_s']:.4g} FLOP/s"),
+            ("flops for experts (server / device)", f"{r['expert_flops_per_s']:.4g} FLOP/s")]
+    rows += [(f"message_overhead_s ({who})", f"{1e3 * v:.3f} ms") for who, v in
+             (r.get("message_overhead_s") or {}).items()]
+    return rows
