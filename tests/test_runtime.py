@@ -290,7 +290,8 @@ def test_concurrent_users_and_pace(model_dirs, tmp_path):
     ld = rep["load"]
     assert set(ld["achieved_rate_per_user"]) == {"u0", "u1"}
     assert all(0 < r < 40 for r in ld["achieved_rate_per_user"].values())
-    assert ld["measured_mean_queue_s"] >= 0 and ld["simulated_queueing_s"] >= 0
+    # the simulation's queueing is its sample mean minus the exact no-load mean: noise of either sign near zero load
+    assert ld["measured_mean_queue_s"] >= 0 and ld["simulated_queueing_s"] >= -4 * ld["simulated_standard_error_s"]
     assert ld["simulated_analytic_s"] > 0
     assert {g["user"] for g in rep["generated"]} == {"u0", "u1"}
     assert len(rep["per_token"]) == 2 * 5

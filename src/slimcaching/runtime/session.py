@@ -365,7 +365,9 @@ def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict
         - (report["predicted_mean_token_latency_s"] or 0.0),
         "simulated_mean_token_latency_s": sim["mean_token_latency_s"],
         "simulated_analytic_s": sim["analytic_mean_token_latency_s"],
+        # a sample mean minus the exact no-load mean: near zero load it is noise of either sign
         "simulated_queueing_s": sim["mean_token_latency_s"] - sim["analytic_mean_token_latency_s"],
+        "simulated_standard_error_s": sim["standard_error_s"],
         "simulated_server_utilisation": sim["server_utilisation"],
     }
 
