@@ -167,3 +167,11 @@ def test_highs_prints_no_banner(capfd):
     out = capfd.readouterr().out
     assert "Running HiGHS" not in out and "after" in out
     assert h.getOptionValue("output_flag")[1] is False
+
+
+def test_lower_bound_says_which_bound_it_computes():
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=3)))
+    said = []
+    cert = lower_bound(problem, time_limit=30, progress=said.append)
+    assert [s.split(" ")[0] for s in said] == ["storage", "capacity-levels", "LP"]
+    assert cert["lower_bound_s"] == lower_bound(problem, time_limit=30)["lower_bound_s"]  # the same bound

@@ -279,13 +279,15 @@ def test_no_copy_anywhere_is_one_clear_error(model_dirs, tmp_path, capsys):
     assert _no_node_processes()
 
 
-def test_concurrent_users_and_pace(model_dirs, tmp_path):
+def test_concurrent_users_and_pace(model_dirs, tmp_path, capsys):
     d = model_dirs("qwen2_moe")
     sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB", users=2,
                                                              server_flops="2 MFLOPS", user_flops="0.5 MFLOPS"))
     pl = solve(sc, "slimcaching", tmp_path / "slim.json")
     code, rep = _run(tmp_path, sc, pl, d, "--users", "u0,u1", "--pace", "--rate", "20")
     assert code == 0 and rep["tokens_identical"]
+    err = capsys.readouterr().err  # start-up progress: each node as it comes up
+    assert all(f"node {n} ready (" in err for n in ("e0", "e1", "cloud")) and "(3/3, " in err
     # --rate: Poisson arrivals, and the comparison with the queueing simulation at that rate
     ld = rep["load"]
     assert set(ld["achieved_rate_per_user"]) == {"u0", "u1"}

@@ -147,10 +147,11 @@ def _units_down(sizes: np.ndarray, capacity: float, capacity_units) -> tuple[np.
     return np.floor(sizes / unit + 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9)), False
 
 
-def lower_bound(problem: Problem, time_limit: float = 600.0) -> dict:
+def lower_bound(problem: Problem, time_limit: float = 600.0, progress=None) -> dict:
     """``{"lower_bound_s", "bound_method", "bound_seconds", "lp_status", "bounds_s"}`` for
     ``problem``: the largest of the three bounds (``bounds_s`` has each one that was computed).
-    ``time_limit`` covers them all: the LP gets what the other two left of it.
+    ``time_limit`` covers them all: the LP gets what the other two left of it. ``progress(text)``,
+    if given, is told which bound is being computed.
 
     Examples
     --------
@@ -163,11 +164,15 @@ def lower_bound(problem: Problem, time_limit: float = 600.0) -> dict:
     True
     """
 
+    say = progress or (lambda text: None)
     t0 = time.perf_counter()
     p = problem.compact()
+    say("storage bound")
     found = {"unlimited edge storage": storage_bound(p)}
+    say("capacity-levels bound (one single-server problem per home and level)")
     home = home_bound(p)
     found["capacity levels around each home (exact single-server relaxations)"] = home["lower_bound_s"]
+    say(f"LP relaxation (HiGHS interior point, up to {max(1.0, time_limit - (time.perf_counter() - t0)):.0f} s)")
     f = build_formulation(p)
     # the LP gets what is left of the time limit, so that the whole certificate stays within it
     r = solve_lp_bound(f, max(1.0, time_limit - (time.perf_counter() - t0)))
@@ -186,12 +191,12 @@ def gap(latency: float, bound: float) -> float:
     return max(0.0, (latency - bound) / latency) if latency > 0 else 0.0
 
 
-def certify(problem: Problem, placement: Placement, latency: float, time_limit: float) -> str:
+def certify(problem: Problem, placement: Placement, latency: float, time_limit: float, progress=None) -> str:
     """Prove a lower bound for ``placement`` (see :func:`lower_bound`), record ``lower_bound_s``,
     ``gap``, ``bound_method`` and ``bound_seconds`` in its ``info``, and return the summary's tail.
 
     ``exact``'s own MILP bound is used when it is stronger; the bound never exceeds ``latency``."""
-    cert = lower_bound(problem, time_limit)
+    cert = lower_bound(problem, time_limit, progress)
     lb = cert["lower_bound_s"]
     own = placement.info.get("bound_s") if placement.info.get("status") else None
     if own is not None and own > lb:  # exact's own MILP bound is stronger

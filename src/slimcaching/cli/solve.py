@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -72,8 +73,12 @@ def solve_cmd(
     summary = solve_summary(spec.name, placement, latency, params.get("time_limit", spec.defaults.get("time_limit")),
                             bool(params.get("relax")))
     if bound:
-        with console.status("proving a lower bound ..."):
-            summary += certify(problem, placement, latency, bound_time_limit)
+        t0 = time.perf_counter()
+        with console.status("proving a lower bound ...") as status:
+            def step(text: str) -> None:  # which bound, and the time so far (a spinner on a terminal only)
+                status.update(f"proving a lower bound: {text} ({time.perf_counter() - t0:.0f} s so far)")
+
+            summary += certify(problem, placement, latency, bound_time_limit, step)
     data = placement.to_dict(problem, latency)
     if output is None:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")

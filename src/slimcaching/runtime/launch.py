@@ -189,8 +189,10 @@ class LocalCluster:
                  deadline_factor: float = DEFAULTS.deadline_factor,
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s,
                  retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
-                 launcher: str = "local", ray_address: str | None = None, users: list[str] = ()):
+                 launcher: str = "local", ray_address: str | None = None, users: list[str] = (),
+                 progress=None):
         self.names = nodes
+        self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
         self.start_timeout = start_timeout
         self.launcher = launcher
@@ -229,10 +231,13 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         try:
+            t0 = time.time()
             for n in self.names:  # start all at once: each one spends seconds importing torch
                 self.nodes[n].spawn()
-            for n in self.names:
+            for i, n in enumerate(self.names, 1):
                 self.nodes[n].wait_ready(self.start_timeout)
+                if self.progress is not None:
+                    self.progress(f"node {n} ready ({i}/{len(self.names)}, {time.time() - t0:.1f} s)")
             self.configure()
         except BaseException:
             self.close()

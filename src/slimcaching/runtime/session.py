@@ -289,7 +289,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
                       emulate=opts.emulate, pace=opts.pace, deadline_factor=opts.deadline_factor,
                       deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
                       start_timeout=opts.start_timeout_s, launcher=opts.launcher,
-                      ray_address=opts.ray_address, users=users) as cluster:
+                      ray_address=opts.ray_address, users=users, progress=say) as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:
