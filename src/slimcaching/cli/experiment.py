@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from slimcaching.cli.common import console, flags, read_scenario
 from slimcaching.errors import ScenarioError
@@ -43,8 +50,9 @@ def experiment(
         raise ScenarioError("--address", "only with --backend ray", address)
     if scenario is not None:
         read_scenario(scenario)
+    # points done / total, elapsed and the estimate left; no bar in logs and pipes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not console.is_terminal) as progress:  # no bar in logs and pipes
+                  TimeRemainingColumn(), console=console, disable=not console.is_terminal) as progress:
         for n in names:
             task = progress.add_task(f"{n}", total=None)
 
