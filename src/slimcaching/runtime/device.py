@@ -33,6 +33,7 @@ from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import to_numpy
+from slimcaching.runtime.transport import dealer_socket
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
 CONNECT_GRACE_MS = 100  # a peer not connected after this long counts as down
@@ -117,15 +118,8 @@ class DeviceClient:
 
     def _sock(self, node: str) -> zmq.Socket:
         if node not in self.socks:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.maxmsgsize = self.max_message_bytes
-            if self.keyring is not None:
-                self.keyring.client(s, node)
-            s.setsockopt(zmq.IMMEDIATE, 1)
-            s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
-            s.connect(self.addresses[node])
-            self.socks[node] = s
+            self.socks[node] = dealer_socket(self.ctx, self.addresses[node], node, self.max_message_bytes,
+                                             self.keyring)
         return self.socks[node]
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
 from slimcaching.runtime.tensors import to_numpy, to_torch
+from slimcaching.runtime.transport import dealer_socket
 from slimcaching.runtime.weights import run_expert
 
 CONNECT_GRACE_MS = 100
@@ -477,15 +478,8 @@ class SplitClient:
 
     def _sock(self, node: str) -> zmq.Socket:
         if node not in self.socks:
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.maxmsgsize = self.max_message_bytes
-            if self.keyring is not None:
-                self.keyring.client(s, node)
-            s.setsockopt(zmq.IMMEDIATE, 1)
-            s.setsockopt(zmq.RECONNECT_IVL, 20)
-            s.connect(self.addresses[node])
-            self.socks[node] = s
+            self.socks[node] = dealer_socket(self.ctx, self.addresses[node], node, self.max_message_bytes,
+                                             self.keyring)
         return self.socks[node]
 
     def close(self) -> None:

@@ -85,14 +85,7 @@ class Transport:
             if old is not None:
                 self.poller.unregister(old)
                 old.close(0)
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.maxmsgsize = self.max_message_bytes
-            if self.keyring is not None:
-                self.keyring.client(s, peer)  # only the real peer's key is accepted
-            s.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is down
-            s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
-            s.connect(addr)
+            s = dealer_socket(self.ctx, addr, peer, self.max_message_bytes, self.keyring)
             self.peers[peer] = s
             self.poller.register(s, zmq.POLLIN)
 
@@ -206,6 +199,22 @@ class Transport:
         self.router.close(0)
         self.gate.close()
         self.ctx.term()
+
+
+def dealer_socket(ctx: zmq.Context, address: str, peer: str, max_message_bytes: int,
+                  keyring: Keyring | None) -> zmq.Socket:
+    """A DEALER connected to ``peer`` at ``address``, as every requester in the runtime uses one:
+    no linger, ``max_message_bytes`` at most, the peer's public key pinned (with a keyring), no
+    queueing towards a peer that is down, and quick reconnection."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.maxmsgsize = max_message_bytes
+    if keyring is not None:
+        keyring.client(s, peer)  # only the real peer's key is accepted
+    s.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is down
+    s.setsockopt(zmq.RECONNECT_IVL, 20)  # ms: a restarted peer is back within a few tens of ms
+    s.connect(address)
+    return s
 
 
 def sender(frame) -> str | None:
