@@ -680,6 +680,7 @@ def test_commands_needing_torch_say_the_install_in_one_line(model_dirs, tmp_path
     commands = [["profile", str(d), "--prompts", str(prompts), "-o", str(tmp_path / "prof.json")],
                 ["calibrate", "--model", str(d)],
                 ["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1 w2"],
+                ["serve", str(sc), str(pl), "--model", str(d), "--port", "0"],
                 ["tiny", str(tmp_path / "t")]]
     for argv in commands:
         r = subprocess.run([sys.executable, "-c", _HIDDEN, *argv], capture_output=True, text=True, timeout=120)

@@ -48,7 +48,7 @@ def printable(value: str, field: str) -> str:
 # optional packages -> the extra that brings them (pyproject.toml); torch is installed first, alone:
 # its plain requirement would make pip fetch a multi-GB CUDA build
 EXTRAS = {"torch": "hf", "transformers": "hf", "safetensors": "hf", "tokenizers": "hf", "zmq": "runtime",
-          "msgpack": "runtime", "ray": "ray"}
+          "msgpack": "runtime", "ray": "ray", "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve"}
 
 
 def missing_extra_line(module: str) -> str | None:
@@ -57,7 +57,7 @@ def missing_extra_line(module: str) -> str | None:
     extra = EXTRAS.get(root)
     if extra is None:
         return None
-    extras = "hf,runtime" if extra in ("hf", "runtime") else extra
-    torch = "pip install torch==2.13.0 && " if extra in ("hf", "runtime") else ""
+    extras = {"hf": "hf,runtime", "runtime": "hf,runtime", "serve": "hf,runtime,serve"}.get(extra, extra)
+    torch = "pip install torch==2.13.0 && " if extra in ("hf", "runtime", "serve") else ""
     return (f"this command needs {root}, which is not installed (the '{extra}' extra): "
             f"{torch}pip install -e '.[{extras}]'   (or: make .venv/.full)")

@@ -348,18 +348,27 @@ def load_device_model(model_dir, layout: Layout, user: str):
     return model, config, local
 
 
-def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceClient | None = None,
-             *, pace: bool = False, dense_s: float = 0.0, dense_exec=None, on_token=None, arrivals=None) -> dict:
-    """Greedy generation of one prompt; with a client, one record per forward step.
+def generate(model, tokenizer, prompt: str | list[int], max_new_tokens: int, client: DeviceClient | None = None,
+             *, pace: bool = False, dense_s: float = 0.0, dense_exec=None, on_token=None, arrivals=None,
+             decoding=None) -> dict:
+    """Greedy generation of one prompt (text, or token ids); with a client, one record per forward step.
 
     ``dense_exec(tokens)`` is the modelled dense time of a step; with ``pace`` the device pads
     its real dense compute (the step minus the time in expert layers) up to it. ``arrivals()``, if
     given, returns when the next step may start (a load generator); the wait is not measured.
+    Without ``decoding`` end of sequence is suppressed for ``max_new_tokens`` tokens (the
+    harness's fixed-length runs); with a :class:`~slimcaching.runtime.sampling.Decoding` it picks
+    every token and says when to stop (a served request).
     Returns ``{"tokens", "logits", "steps"}`` (steps: prefill first, then one per decoded token).
     """
     import torch  # optional extra (hf)
 
-    enc = tokenizer(prompt, return_tensors="pt")
+    if isinstance(prompt, str):
+        enc = tokenizer(prompt, return_tensors="pt")
+    else:
+        ids = torch.tensor([list(prompt)], dtype=torch.long)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    extra = {"min_new_tokens": max_new_tokens} if decoding is None else _decoding_hooks(decoding)
     steps: list[dict] = []
     state = {}
 
@@ -397,7 +406,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceC
     h2 = model.register_forward_hook(post, with_kwargs=True)
     try:
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, **extra,
                                  do_sample=False, output_logits=True, return_dict_in_generate=True,
                                  pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                  else tokenizer.eos_token_id)
@@ -407,3 +416,24 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, client: DeviceC
     new = out.sequences[0, enc["input_ids"].shape[-1]:].tolist()
     logits = torch.stack([lg[0] for lg in out.logits]).float().numpy()
     return {"tokens": new, "logits": logits, "steps": steps}
+
+
+def _decoding_hooks(decoding) -> dict:
+    """``generate`` arguments that let ``decoding`` pick each token (a processor leaving only its
+    choice, so greedy search takes it) and stop (a criterion called after each token)."""
+    import torch  # optional extra (hf)
+    from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    class Choose(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            tok = decoding.choose(scores[0])
+            out = torch.full_like(scores, -math.inf)
+            out[0, tok] = 0.0
+            return out
+
+    class After(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([decoding.after(int(input_ids[0, -1]))], dtype=torch.bool)
+
+    return {"logits_processor": LogitsProcessorList([Choose()]),
+            "stopping_criteria": StoppingCriteriaList([After()])}

@@ -113,49 +113,84 @@ def check_prompt_lengths(model_dir, prompts: list[str], max_new_tokens: int) -> 
                                 "(raise SLIMCACHING_LIMIT_REQUEST_ROWS if this is meant)")
 
 
+class Device:
+    """One user's device: the part of the model it runs (the dense part and its local experts, or
+    for split-style serving the embedding and head) and its client to the cluster (with a
+    :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
+
+    def __init__(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring=None):
+        from slimcaching.runtime.skeleton import LOAD_LOCK  # optional extra (hf)
+
+        with LOAD_LOCK:  # several devices of one process (serve) load one at a time
+            self._load(ctx, user, addresses, opts, keyring)
+
+    def _load(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring) -> None:
+        import torch  # optional extra (hf)
+        from transformers import AutoTokenizer  # optional extra (hf)
+
+        from slimcaching.runtime.device import (  # optional extra (runtime: pyzmq)
+            DeviceClient,
+            install,
+            load_device_model,
+        )
+
+        # one intra-op thread: a pool that sleeps between layers wakes up in milliseconds (measured: 1.5 ms
+        # per index_add_ on a 2-core machine), far more than a decoded token's work here
+        torch.set_num_threads(1)
+        lay = ctx.layout
+        self.user, self.layout, self.pace = user, lay, opts.pace
+        self.split = lay.way(user) != "slimcaching"
+        if self.split:  # split-style: embeddings and head here, every layer at the split host
+            from slimcaching.runtime.skeleton import load_partial_model  # optional extra (hf)
+            from slimcaching.runtime.split import SplitClient  # optional extra (runtime: pyzmq)
+
+            self.model, _ = load_partial_model(str(ctx.model_dir), drop="layers")
+            self.local = {}
+            self.client = SplitClient(user, lay, addresses, emulate=opts.emulate,
+                                      deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
+                                      retry_after_s=opts.retry_after_s, keyring=keyring)
+        else:
+            self.model, _, self.local = load_device_model(ctx.model_dir, lay, user)
+            self.client = DeviceClient(user, lay, addresses, self.local, emulate=opts.emulate, pace=opts.pace,
+                                       deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
+                                       retry_after_s=opts.retry_after_s, keyring=keyring)
+            install(self.model, self.client)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(ctx.model_dir))
+        gc.collect()
+        m = ctx.scenario.model_by_name[lay.model]
+        flops, bw = lay.user_hw[user]
+        self._dense = (m.dense_flops, m.dense_bytes, flops, bw)
+
+    def dense_exec(self, tokens: int) -> float:
+        f, b, flops, bw = self._dense
+        return exec_time(f * tokens, b, flops, bw)
+
+    def generate(self, prompt, max_new_tokens: int, *, on_token=None, arrivals=None, session_prefix: str = "p",
+                 decoding=None) -> dict:
+        """One prompt (text or token ids) through the cluster: ``{"tokens", "logits", "steps"}``."""
+        from slimcaching.runtime.device import generate  # optional extra (runtime: pyzmq)
+
+        if self.split:
+            from slimcaching.runtime.split import generate_split  # optional extra (runtime: pyzmq)
+
+            return generate_split(self.model, self.tokenizer, prompt, max_new_tokens, self.client, on_token=on_token,
+                                  arrivals=arrivals, session_prefix=session_prefix, decoding=decoding)
+        return generate(self.model, self.tokenizer, prompt, max_new_tokens, self.client, pace=self.pace,
+                        dense_s=self.layout.user_dense_s[self.user], dense_exec=self.dense_exec, on_token=on_token,
+                        arrivals=arrivals, decoding=decoding)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
                    counter=None, between_tokens=None, keyring=None) -> dict:
     """One user's device: load the dense part and local experts, generate every prompt (with a
     :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
-    import torch  # optional extra (hf)
-    from transformers import AutoTokenizer  # optional extra (hf)
-
-    from slimcaching.runtime.device import (  # optional extra (runtime: pyzmq)
-        DeviceClient,
-        generate,
-        install,
-        load_device_model,
-    )
-
-    # one intra-op thread: a pool that sleeps between layers wakes up in milliseconds (measured: 1.5 ms
-    # per index_add_ on a 2-core machine), far more than a decoded token's work here
-    torch.set_num_threads(1)
-    lay = ctx.layout
-    split = lay.way(user) != "slimcaching"
-    if split:  # split-style: embeddings and head here, every layer at the split host
-        from slimcaching.runtime.skeleton import load_partial_model  # optional extra (hf)
-        from slimcaching.runtime.split import SplitClient, generate_split  # optional extra (runtime: pyzmq)
-
-        model, _ = load_partial_model(str(ctx.model_dir), drop="layers")
-        local = {}
-        client = SplitClient(user, lay, addresses, emulate=opts.emulate, deadline_factor=opts.deadline_factor,
-                             deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s, keyring=keyring)
-    else:
-        model, _, local = load_device_model(ctx.model_dir, lay, user)
-        client = DeviceClient(user, lay, addresses, local, emulate=opts.emulate, pace=opts.pace,
-                              deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                              retry_after_s=opts.retry_after_s, keyring=keyring)
-        install(model, client)
-    tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))
-
-    gc.collect()
     from slimcaching.runtime.node import rss_bytes  # optional extra (runtime: pyzmq)
 
-    m = ctx.scenario.model_by_name[lay.model]
-    flops, bw = lay.user_hw[user]
-
-    def dense_exec(tokens: int) -> float:
-        return exec_time(m.dense_flops * tokens, m.dense_bytes, flops, bw)
+    lay = ctx.layout
+    device = Device(ctx, user, addresses, opts, keyring)
 
     def tick():
         if counter is not None:  # (shared array, this device's slot): no lock needed
@@ -177,19 +212,15 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
     results = []
     try:
         for pi, prompt in enumerate(prompts):
-            if split:
-                r = generate_split(model, tok, prompt, opts.max_new_tokens, client, on_token=tick, arrivals=arrivals,
-                                   session_prefix=f"p{pi}")
-            else:
-                r = generate(model, tok, prompt, opts.max_new_tokens, client, pace=opts.pace,
-                             dense_s=lay.user_dense_s[user], dense_exec=dense_exec, on_token=tick, arrivals=arrivals)
+            r = device.generate(prompt, opts.max_new_tokens, on_token=tick, arrivals=arrivals,
+                                session_prefix=f"p{pi}")
             results.append({"user": user, "prompt": pi, "tokens": r["tokens"], "logits": r["logits"],
                             "steps": r["steps"]})
     finally:
-        client.close()
-    return {"user": user, "results": results, "fallbacks": client.fallbacks, "late_replies": client.late_replies,
-            "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(), "local_experts": len(local),
-            "architecture": lay.way(user)}
+        device.close()
+    return {"user": user, "results": results, "fallbacks": device.client.fallbacks,
+            "late_replies": device.client.late_replies, "rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(),
+            "local_experts": len(device.local), "architecture": lay.way(user)}
 
 
 _COUNTER = None

@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 
 from slimcaching.errors import ScenarioError
 from slimcaching.hf import find_moe_layers, load_model
+
+# the swap below changes module attributes of transformers for the whole process, and
+# transformers' lazy imports are not thread-safe either: one load at a time in a process
+# (``serve`` loads several users' devices in threads)
+LOAD_LOCK = threading.RLock()
 
 
 def _placeholder_class(base_name: str):
@@ -93,6 +99,11 @@ def decoder_layers(model) -> list:
 def load_partial_model(model_dir: str, drop: str = "experts"):
     """(model, config) with the routed experts (``drop="experts"``) or the decoder layers
     (``drop="layers"``) left out: their tensors are never read from the checkpoint."""
+    with LOAD_LOCK:
+        return _load_partial_model(model_dir, drop)
+
+
+def _load_partial_model(model_dir: str, drop: str):
     import transformers  # optional extra (hf)
 
     skeleton = _skeleton(model_dir)

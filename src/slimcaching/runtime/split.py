@@ -585,11 +585,11 @@ class SplitClient:
             pass
 
 
-def generate_split(model, tokenizer, prompt: str, max_new_tokens: int, client: SplitClient, *, on_token=None,
-                   arrivals=None, session_prefix: str = "s") -> dict:
+def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: int, client: SplitClient, *,
+                   on_token=None, arrivals=None, session_prefix: str = "s", decoding=None) -> dict:
     """Greedy generation of one prompt split-style: as :func:`slimcaching.runtime.device.generate`
-    (end of sequence suppressed for ``max_new_tokens`` tokens, the same report), with every layer
-    at the split host."""
+    (end of sequence suppressed for ``max_new_tokens`` tokens, the same report; with ``decoding``
+    it picks the tokens and says when to stop), with every layer at the split host."""
     import torch  # optional extra (hf)
 
     from slimcaching.runtime.device import LayerRecord  # start-up: device imports this module
@@ -597,7 +597,7 @@ def generate_split(model, tokenizer, prompt: str, max_new_tokens: int, client: S
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist()
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist() if isinstance(prompt, str) else list(prompt)
     session = f"{session_prefix}.{time.time_ns()}"
     lay = client.layout
     new: list[int] = []
@@ -624,9 +624,12 @@ def generate_split(model, tokenizer, prompt: str, max_new_tokens: int, client: S
             h = torch.from_numpy(np.array(res.tensors[0], copy=True))
             h = h.view(torch.bfloat16) if tag == "bfloat16" else h
             logits = head(h)[0].float()
-            scores = logits.clone()
-            scores[eos] = -math.inf  # generate(min_new_tokens=...) keeps end of sequence out
-            tok = int(scores.argmax())
+            if decoding is None:
+                scores = logits.clone()
+                scores[eos] = -math.inf  # generate(min_new_tokens=...) keeps end of sequence out
+                tok = int(scores.argmax())
+            else:
+                tok = decoding.choose(logits)
             end = time.time()
             timing = res.timing if isinstance(res.timing, dict) else {}
             layers = []
@@ -660,5 +663,7 @@ def generate_split(model, tokenizer, prompt: str, max_new_tokens: int, client: S
             logits_out.append(logits.numpy())
             if on_token is not None and len(new) > 1:
                 on_token()
+            if decoding is not None and decoding.after(tok):
+                break
     client.end(session, host)
     return {"tokens": new, "logits": np.stack(logits_out), "steps": steps}

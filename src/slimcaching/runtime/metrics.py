@@ -1,0 +1,133 @@
+"""Prometheus metrics of ``slimcaching serve`` (prometheus-client, the ``serve`` extra).
+
+One scrape of ``/metrics`` gives the server's own metrics (requests, tokens, time to first token,
+per-token latency measured and predicted by the latency model and their ratio, queueing, loaded
+devices, the process's RSS) and every node's, read from the nodes' ``pong`` at scrape time
+(labelled ``node``): up, RSS, requests, expert executions, relays per holder, fallbacks,
+rejected messages, compute and queue seconds, requests and bytes in flight, connections. The
+nodes need no port of their own: what they report travels over the cluster's authenticated
+transport, as ``slimcaching cluster status`` reads it.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class NullMetrics:
+    """Metrics that record nothing (an engine used without a server)."""
+
+    def request_done(self, user: str, info: dict) -> None:
+        pass
+
+    def request_failed(self, user: str) -> None:
+        pass
+
+
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class ServeMetrics:
+    """The server's metrics in a registry of their own (several servers in one process do not clash)."""
+
+    def __init__(self, node_status=None, devices=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # optional extra (serve)
+        from prometheus_client.process_collector import ProcessCollector  # optional extra (serve)
+
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        p = "slimcaching_"
+        self.http = Counter(p + "http_requests", "HTTP requests by endpoint and status code",
+                            ["endpoint", "status"], registry=r)
+        self.in_progress = Gauge(p + "requests_in_progress", "Generation requests queued or running", registry=r)
+        self.finished = Counter(p + "requests_finished", "Generation requests finished, by finish reason",
+                                ["finish_reason"], registry=r)
+        self.failed = Counter(p + "requests_failed", "Generation requests that failed in the cluster", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "From a request's arrival to its first text",
+                              buckets=TOKEN_BUCKETS, registry=r)
+        self.queue = Histogram(p + "request_queue_seconds", "Time a request waited for its user's device",
+                               buckets=TOKEN_BUCKETS, registry=r)
+        self.token = Histogram(p + "token_latency_seconds", "Measured time of each decoded token",
+                               buckets=TOKEN_BUCKETS, registry=r)
+        self.predicted = Histogram(p + "token_latency_predicted_seconds",
+                                   "The latency model's time for each decoded token (the sets it used)",
+                                   buckets=TOKEN_BUCKETS, registry=r)
+        self.ratio = Histogram(p + "token_measured_over_predicted", "Measured / predicted time per decoded token",
+                               buckets=RATIO_BUCKETS, registry=r)
+        if devices is not None:
+            Gauge(p + "devices_loaded", "User devices loaded in the server", registry=r).set_function(devices)
+        if node_status is not None:
+            r.register(NodeCollector(node_status))
+
+    def request_done(self, user: str, info: dict) -> None:
+        self.finished.labels(info["finish_reason"]).inc()
+        self.prompt_tokens.inc(info["prompt_tokens"])
+        self.generation_tokens.inc(info["completion_tokens"])
+        self.queue.observe(info["queued_s"])
+        if info["completion_tokens"]:
+            self.ttft.observe(info["first_token_s"])
+        for m, pr in zip(info["token_measured_s"], info["token_predicted_s"]):
+            self.token.observe(m)
+            if pr is not None and pr > 0 and math.isfinite(pr):
+                self.predicted.observe(pr)
+                self.ratio.observe(m / pr)
+
+    def request_failed(self, user: str) -> None:
+        self.failed.inc()
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # optional extra (serve)
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class NodeCollector:
+    """Every node's pong, as metric families labelled ``node`` (read at scrape time)."""
+
+    def __init__(self, node_status):
+        self.node_status = node_status  # () -> {node: status dict, or None when it does not answer}
+
+    def describe(self):
+        return []  # collected at scrape time only (no call to the nodes at registration)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # optional extra (serve)
+
+        p = "slimcaching_node_"
+        up = GaugeMetricFamily(p + "up", "1 when the node answered the scrape's ping", labels=["node"])
+        gauges = {k: GaugeMetricFamily(p + k, h, labels=["node"]) for k, h in (
+            ("rss_bytes", "Resident memory of the node"), ("in_flight", "Requests parked or running at the node"),
+            ("in_flight_bytes", "Hidden-state bytes the node holds"), ("connections", "Connections admitted"),
+            ("experts_held", "Experts the node holds"))}
+        counters = {k: CounterMetricFamily(p + k, h, labels=["node"]) for k, h in (
+            ("requests", "Run requests received"), ("expert_executions", "Experts executed (one per request part)"),
+            ("fallbacks", "Relays that went to another holder after a failure"),
+            ("rejected", "Messages rejected"), ("late_replies", "Replies that came after their deadline"),
+            ("internal_errors", "Exceptions caught while handling a message"),
+            ("compute_seconds", "Seconds of expert compute"), ("queue_seconds", "Seconds requests queued"))}
+        relayed = CounterMetricFamily(p + "relayed", "Experts relayed, by holder", labels=["node", "holder"])
+        for node, st in sorted((self.node_status() or {}).items()):
+            up.add_metric([node], 1.0 if st else 0.0)
+            if not st:
+                continue
+            stats = st.get("stats") or {}
+            vals = {"rss_bytes": st.get("rss_bytes"), "in_flight": st.get("in_flight"),
+                    "in_flight_bytes": st.get("in_flight_bytes"), "connections": st.get("connections"),
+                    "experts_held": held if isinstance(held := st.get("held"), int) else len(held or []),
+                    "requests": stats.get("requests"), "expert_executions": sum((stats.get("executed") or {}).values()),
+                    "fallbacks": len(stats.get("fallbacks") or []), "rejected": stats.get("rejected"),
+                    "late_replies": stats.get("late_replies"), "internal_errors": stats.get("internal_errors"),
+                    "compute_seconds": stats.get("compute_s"), "queue_seconds": stats.get("queue_s")}
+            for k, fam in list(gauges.items()) + list(counters.items()):
+                v = vals.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    fam.add_metric([node], float(v))
+            for holder, n in sorted((stats.get("relayed") or {}).items()):
+                relayed.add_metric([node, str(holder)], float(n))
+        yield up
+        yield from gauges.values()
+        yield from counters.values()
+        yield relayed
