@@ -57,7 +57,7 @@ def all_edge_placement(scenario: Path, out: Path) -> Path:
 @contextlib.contextmanager
 def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_floor_s: float = 0.25,
                    retry_after_s: float = 2.0, keyrings: dict | None = None, accepts_configure: bool = True,
-                   log=None):
+                   log=None, max_batch_rows: int = 64, batch_wait_s: float = 0.0):
     """Every node of ``ctx.layout`` as a NodeServer thread on 127.0.0.1:0; yields (servers, addresses).
     With ``keyrings`` (name -> Keyring) every node is a CURVE server with its own key."""
     from slimcaching.runtime.node import NodeServer
@@ -68,7 +68,8 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
         experts = {k: source.load(*k) for k in sorted(ctx.layout.held[n])}
         srv = NodeServer(n, ctx.layout, experts, emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s,
                          retry_after_s=retry_after_s, log=log or (lambda msg: None),
-                         keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure)
+                         keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure,
+                         max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
         if n in ctx.layout.split_hosts:
             srv.enable_split(ctx.model_dir)
         addrs[n] = f"tcp://127.0.0.1:{srv.bind('127.0.0.1', 0)}"

@@ -14,7 +14,12 @@ Beyond the analytic model, which assumes every server and backhaul is idle. Assu
 * access links and server-server links do not queue (their delays are the analytic ones, split
   evenly between the two directions); the device runs its local experts in parallel;
 * requests are served in the order tokens reach the layer (FIFO by request time), and the
-  first ``warmup`` share of tokens is discarded.
+  first ``warmup`` share of tokens is discarded;
+* with ``max_batch > 1``, batching across requests as the runtime's nodes do it
+  (runtime/executor.py): a job that reaches a server before the server's last queued job of the
+  same (model, layer) has started joins it, as long as no expert of the batch runs more than
+  ``max_batch`` tokens; the batch then takes the roofline of its work, ``exec_n(b x flops,
+  bytes)`` with b its widest expert (weights read once), and every member finishes with it.
 
 At vanishing load every token's latency equals the analytic one for its sampled sets, so the
 sample mean converges to T-bar; as load grows, waiting time at busy servers and backhauls adds.
@@ -45,12 +50,23 @@ from slimcaching.architectures import (
     profile_sets,
     serve,
 )
-from slimcaching.latency import message_round_trip
+from slimcaching.latency import exec_time, message_round_trip
 from slimcaching.problem import Problem
 
 
+class _Batch:
+    """Work reserved on one server: a batch of expert jobs of one (model, layer), or a dense part."""
+
+    __slots__ = ("start", "end", "key", "counts", "service")
+
+    def __init__(self, start: float, service: float, key, items):
+        self.start, self.service, self.end, self.key = start, service, start + service, key
+        self.counts = dict.fromkeys(items, 1)
+
+
 def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float = 1.0, seed: int = 0,
-                      warmup: float = 0.1, dense: np.ndarray | None = None, latency_model: str = "slimcaching") -> dict:
+                      warmup: float = 0.1, dense: np.ndarray | None = None, latency_model: str = "slimcaching",
+                      max_batch: int = 1) -> dict:
 
     """Token-level simulation with FIFO queues at servers and backhauls (see the module docstring)."""
     problem = per_class_problem(problem)  # tokens are drawn per workload entry: rows merged over classes won't do
@@ -98,6 +114,38 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
     c_edge = problem.holder_cost - problem.server_exec[None, :, :]  # relay part c_{h,n}
     latency = np.zeros(tokens)
     heap = []
+    last: list[_Batch | None] = [None] * n  # each server's last reservation (a batch may still grow)
+    parts: dict[int, tuple[float, list]] = {}  # token -> (fixed end, [(batch, tail, tail)]) of its current step
+    srv_flops = [(s.flops, s.mem_bandwidth) for s in sc.servers]
+
+    def expert_job(k: int, m: int, layer: int, items: list[int], arrive: float) -> _Batch:
+        """Reserve server k for a token's experts ``items`` of (m, layer) arriving at ``arrive``."""
+        b = last[k]
+        if max_batch > 1 and b is not None and b.key == (m, layer) and b.start > arrive:
+            counts = dict(b.counts)
+            for i in items:
+                counts[i] = counts.get(i, 0) + 1
+            widest = max(counts.values())
+            if widest <= max_batch:  # joins the batch that has not started yet
+                service = exec_time(widest * sc.models[m].expert_flops, sc.models[m].expert_bytes, *srv_flops[k])
+                busy[k] += service - b.service
+                b.counts, b.service, b.end = counts, service, b.start + service
+                server_free[k] = b.end
+                return b
+        start = max(arrive, server_free[k])
+        b = _Batch(start, problem.server_exec[k, m], (m, layer), items)
+        server_free[k] = b.end
+        busy[k] += b.service
+        last[k] = b
+        return b
+
+    def reserve(k: int, arrive: float, service: float) -> float:
+        """Reserve server k for work that never batches (a split token's dense part); its end."""
+        start = max(arrive, server_free[k])
+        server_free[k] = start + service
+        busy[k] += service
+        last[k] = None
+        return server_free[k]
     split_sets: dict[int, list[np.ndarray]] = {}  # split-style tokens: the items of each layer's set
     for e in np.nonzero(how != SLIM)[0]:
         idx = np.nonzero(entry_of == e)[0]
@@ -133,6 +181,13 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
         heapq.heappush(heap, (arrivals[t] + half, t, 0))
     while heap:
         now, t, step = heapq.heappop(heap)
+        if t in parts:  # a batch it is in may have grown since: finish when the last of them does
+            fixed, members = parts.pop(t)
+            due = max([fixed] + [b.end + t1 + t2 for b, t1, t2 in members])
+            if due > now:
+                parts[t] = (due, [])
+                heapq.heappush(heap, (due, t, step))
+                continue
         if t in cloud_split:
             v, a_v = cloud_split[t]
             m = problem.entry_model[entry_of[t]]
@@ -151,35 +206,30 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
                 latency[t] = now + (problem.class_access[c, m] + problem.home_relay[problem.class_home[c], s, m]) / 2 \
                     - arrivals[t]
                 continue
-            dense_part = d_server[s, m] / n_layers[m]
-            start = max(now, server_free[s])
-            server_free[s] = start + dense_part
-            busy[s] += dense_part
-            ready = end = server_free[s]
-            jobs: dict[int, bool] = {}
+            ready = end = reserve(s, now, d_server[s, m] / n_layers[m])
+            jobs: dict[int, list[int]] = {}
             cloud = False
             for i in sets[step]:
                 if x[s, i]:
-                    jobs[s] = True
+                    jobs.setdefault(s, []).append(int(i))
                     continue
                 if r[s, i] >= problem.cloud_cost[s, m]:
                     cloud = True
                     continue
                 held = np.nonzero(x[:, i])[0]
-                jobs[int(held[int(np.argmin(problem.holder_cost[s, held, m]))])] = True
-            for k in jobs:
-                arrive = ready + c_edge[s, k, m] / 2
-                start = max(arrive, server_free[k])
-                server_free[k] = start + problem.server_exec[k, m]
-                busy[k] += problem.server_exec[k, m]
-                end = max(end, server_free[k] + c_edge[s, k, m] / 2)
+                jobs.setdefault(int(held[int(np.argmin(problem.holder_cost[s, held, m]))]), []).append(int(i))
+            members = []
+            for k, items in jobs.items():
+                b = expert_job(k, m, step, items, ready + c_edge[s, k, m] / 2)
+                members.append((b, c_edge[s, k, m] / 2, 0.0))
             if cloud:
                 service = 2.0 * bits[m] / backhaul_rate[s]
                 start = max(ready, backhaul_free[s])
                 backhaul_free[s] = start + service
                 backhaul_busy[s] += service
                 end = max(end, backhaul_free[s] + backhaul_rtt[s] + problem.cloud_exec[m])
-            heapq.heappush(heap, (end, t, step + 1))
+            parts[t] = (end, members)
+            heapq.heappush(heap, (max([end] + [b.end + t1 + t2 for b, t1, t2 in members]), t, step + 1))
             continue
         rows = token_rows[t]
         if step >= len(rows):
@@ -190,7 +240,7 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
         m = problem.row_model[row]
         a = problem.row_access[row]
         end = now + problem.row_local[row]
-        holders: dict[int, bool] = {}
+        holders: dict[int, list[int]] = {}
         cloud = False
         for i in problem.row_items[row]:
             if i >= ni:
@@ -202,14 +252,11 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
             # the server achieving the best holder cost (lowest index among ties)
             held = np.nonzero(x[:, i])[0]
             costs = problem.holder_cost[h, held, m]
-            holders[int(held[int(np.argmin(costs))])] = True
-        for s in holders:
-            arrive = now + a / 2 + c_edge[h, s, m] / 2
-            start = max(arrive, server_free[s])
-            service = problem.server_exec[s, m]
-            server_free[s] = start + service
-            busy[s] += service
-            end = max(end, server_free[s] + c_edge[h, s, m] / 2 + a / 2)
+            holders.setdefault(int(held[int(np.argmin(costs))]), []).append(int(i))
+        members = []
+        for s, items in holders.items():
+            b = expert_job(s, m, int(problem.row_layer[row]), items, now + a / 2 + c_edge[h, s, m] / 2)
+            members.append((b, c_edge[h, s, m] / 2, a / 2))  # summed as before: same rounding
         if cloud:
             # the cloud through the reached server with the cheapest backhaul (the home without reach)
             v = int(np.argmin(problem.access_delta[h, :, m] + problem.home_cloud_relay[:n, m]))
@@ -220,7 +267,8 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
             backhaul_free[v] = start + service
             backhaul_busy[v] += service
             end = max(end, backhaul_free[v] + backhaul_rtt[v] + problem.cloud_exec[m] + a_v / 2)
-        heapq.heappush(heap, (end, t, step + 1))
+        parts[t] = (end, members)
+        heapq.heappush(heap, (max([end] + [b.end + t1 + t2 for b, t1, t2 in members]), t, step + 1))
     keep = latency[int(warmup * tokens):]
     horizon = float(arrivals[-1]) if tokens else 1.0
     return {
@@ -230,7 +278,7 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
         "p50_s": float(np.percentile(keep, 50)), "p95_s": float(np.percentile(keep, 95)),
         "p99_s": float(np.percentile(keep, 99)),
         "analytic_mean_token_latency_s": float(mean_latency(problem, x, dense, latency_model)),
-        "latency_model": latency_model,
+        "latency_model": latency_model, "max_batch": int(max_batch),
         "server_utilisation": {s: float(busy[k] / horizon) for k, s in enumerate(problem.server_names)},
         "backhaul_utilisation": {s: float(backhaul_busy[k] / horizon) for k, s in enumerate(problem.server_names)},
     }

@@ -92,6 +92,9 @@ def simulate(
                                            "(see docs/model.md for the assumptions).")] = False,
     load: Annotated[float, typer.Option("--load", min=0.0, help="With --queueing: multiply every "
                                         "user's token rate.")] = 1.0,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, max=8192, help="With --queueing: batch jobs "
+                                           "of one layer waiting at a server, up to this many tokens per expert, as "
+                                           "the runtime's nodes do (1: no batching).")] = 1,
     trace: Annotated[Path | None, typer.Option("--trace", help="Replay a routing trace (.npy tokens x layers x "
                                                "K, or a profile .trace.npz) instead of drawing tokens.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="With --trace: the user it is served to.")] = None,
@@ -101,6 +104,8 @@ def simulate(
     """Token-level Monte Carlo simulation of a placement (or replay of a routing trace)."""
     if load != 1.0 and not queueing:
         raise ScenarioError("--load", "only with --queueing (without queues the load changes nothing)", load)
+    if max_batch != 1 and not queueing:
+        raise ScenarioError("--max-batch", "only with --queueing (batches form in queues)", max_batch)
     sc = read_scenario(scenario)
     base = build_problem(sc)
     check("simulate_tokens", tokens * max(m.layers for m in sc.models), "--tokens",
@@ -135,7 +140,7 @@ def simulate(
         if load <= 0:
             raise ScenarioError("--load", "must be > 0", load)
         res = simulate_queueing(problem, pl.x, tokens, load=load, seed=seed, dense=pl.dense,
-                                latency_model=pl.latency_model)
+                                latency_model=pl.latency_model, max_batch=max_batch)
         if as_json:
             sys.stdout.write(json.dumps(res, allow_nan=False) + "\n")
             return

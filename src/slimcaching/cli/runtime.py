@@ -50,6 +50,10 @@ DeadlineOpt = Annotated[float, typer.Option("--deadline-factor", min=1.0,
 FloorOpt = Annotated[float, typer.Option("--deadline-floor", min=0.001, help="Seconds added to every deadline.")]
 RetryOpt = Annotated[float, typer.Option("--retry-after", min=0.0, help="Seconds before a dead node is tried "
                                          "again.")]
+MaxBatchOpt = Annotated[int, typer.Option("--max-batch", min=1, max=8192, help="Rows one expert runs at once when "
+                                          "a node batches requests of several users (1: no batching).")]
+BatchWaitOpt = Annotated[float, typer.Option("--batch-wait", min=0.0, max=1.0, help="Seconds a batch's first request "
+                                             "waits for others (0: only those waiting anyway).")]
 
 
 def _cluster_inputs(cluster, scenario, placement, model, model_name):
@@ -87,6 +91,8 @@ def cluster_run(
     launcher: Annotated[str, typer.Option("--launcher", help="local (subprocesses) or ray (actors).")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster to join (--launcher ray); "
                                                 "default: a local Ray instance.")] = None,
+    max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
+    batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
@@ -103,7 +109,7 @@ def cluster_run(
                       max_new_tokens, not no_emulate, pace, not no_reference,
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
                       deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
-                      rate=rate, seed=seed)
+                      rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait)
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
         report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
@@ -155,6 +161,8 @@ def node_cmd(
     deadline_factor: DeadlineOpt = DEFAULTS.deadline_factor,
     deadline_floor: FloorOpt = DEFAULTS.deadline_floor_s,
     retry_after: RetryOpt = DEFAULTS.retry_after_s,
+    max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
+    batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
 ) -> None:
     """Run one node (edge server or cloud) of a cluster described by a cluster file."""
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
@@ -163,7 +171,8 @@ def node_cmd(
     host, port = addrs[name].removeprefix("tcp://").rsplit(":", 1)
     config = RuntimeConfig(emulate=not (no_emulate or data.get("emulate") is False),
                            pace=bool(pace or data.get("pace")), deadline_factor=deadline_factor,
-                           deadline_floor_s=deadline_floor, retry_after_s=retry_after)
+                           deadline_floor_s=deadline_floor, retry_after_s=retry_after, max_batch_rows=max_batch,
+                           batch_wait_s=batch_wait)
     from slimcaching.runtime.node import run_node  # optional extra (runtime: pyzmq)
     from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from slimcaching.cli.common import console, flags
-from slimcaching.cli.runtime import DeadlineOpt, FloorOpt, NoEmuOpt, PaceOpt, RetryOpt
+from slimcaching.cli.runtime import BatchWaitOpt, DeadlineOpt, FloorOpt, MaxBatchOpt, NoEmuOpt, PaceOpt, RetryOpt
 from slimcaching.errors import ScenarioError
 from slimcaching.runtime.config import DEFAULTS
 
@@ -41,6 +41,8 @@ def serve_cmd(
     deadline_factor: DeadlineOpt = DEFAULTS.deadline_factor,
     deadline_floor: FloorOpt = DEFAULTS.deadline_floor_s,
     retry_after: RetryOpt = DEFAULTS.retry_after_s,
+    max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
+    batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
 ) -> None:
     """Serve the model through the cluster with an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics); SIGTERM or Ctrl-C stop every node."""
@@ -56,7 +58,8 @@ def serve_cmd(
         raise ScenarioError("--api-key", "must not be empty")
     opts = ServeOptions(scenario, placement, str(model) if model else None, model_name,
                         str(cluster) if cluster else None, host, port, not no_emulate, pace, launcher, address,
-                        api_key, insecure, deadline_factor, deadline_floor, retry_after, max_devices, max_queue)
+                        api_key, insecure, deadline_factor, deadline_floor, retry_after, max_devices, max_queue,
+                        max_batch, batch_wait)
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),

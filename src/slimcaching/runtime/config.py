@@ -24,6 +24,8 @@ class RuntimeConfig:
     retry_after_s: float = 2.0  # a failed node is tried again after this many seconds
     start_timeout_s: float = 120.0  # the launcher waits this long for every node to be ready
     max_deliver_ahead_s: float = 600.0  # a request due later than this (emulated arrival) is refused
+    max_batch_rows: int = 64  # rows one expert runs at once in a batch across requests (1: no batching)
+    batch_wait_s: float = 0.0  # how long a batch's first request waits for others (0: only those waiting anyway)
 
 
 DEFAULTS = RuntimeConfig()

@@ -165,7 +165,8 @@ class _NodeActor:
         experts = load_experts(source, ctx.layout.held[name])
         self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
                                  deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
-                                 retry_after_s=kw["retry_after_s"], keyring=Keyring.from_dict(kw["keyring"]))
+                                 retry_after_s=kw["retry_after_s"], keyring=Keyring.from_dict(kw["keyring"]),
+                                 max_batch_rows=kw["max_batch_rows"], batch_wait_s=kw["batch_wait_s"])
         if name in ctx.layout.split_hosts:
             self.server.enable_split(ctx.model_dir)
         if host == "auto":  # the address of the machine this actor landed on
@@ -190,7 +191,8 @@ class LocalCluster:
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s,
                  retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
                  launcher: str = "local", ray_address: str | None = None, users: list[str] = (),
-                 progress=None):
+                 progress=None, max_batch_rows: int = DEFAULTS.max_batch_rows,
+                 batch_wait_s: float = DEFAULTS.batch_wait_s):
         self.names = nodes
         self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
@@ -207,13 +209,14 @@ class LocalCluster:
                   "placement": str(Path(placement).resolve()), "model_dir": str(model_dir),
                   "model_name": model_name, "emulate": emulate, "pace": pace,
                   "deadline_factor": deadline_factor, "deadline_floor_s": deadline_floor_s,
-                  "retry_after_s": retry_after_s}
+                  "retry_after_s": retry_after_s, "max_batch_rows": max_batch_rows, "batch_wait_s": batch_wait_s}
             self.nodes = {n: RayNode(n, dict(kw, keyring=self.keyrings[n].to_dict()), host) for n in nodes}
             return
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
                   "--model-name", model_name, "--parent-pid", str(os.getpid()),
                   "--deadline-factor", str(deadline_factor), "--deadline-floor", str(deadline_floor_s),
-                  "--retry-after", str(retry_after_s)]
+                  "--retry-after", str(retry_after_s), "--max-batch", str(max_batch_rows),
+                  "--batch-wait", str(batch_wait_s)]
         if not emulate:
             common.append("--no-emulate")
         if pace:

@@ -25,6 +25,7 @@ class NullMetrics:
 
 
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -94,7 +95,11 @@ class NodeCollector:
         return []  # collected at scrape time only (no call to the nodes at registration)
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # optional extra (serve)
+        from prometheus_client.core import (  # optional extra (serve)
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         p = "slimcaching_node_"
         up = GaugeMetricFamily(p + "up", "1 when the node answered the scrape's ping", labels=["node"])
@@ -107,8 +112,11 @@ class NodeCollector:
             ("fallbacks", "Relays that went to another holder after a failure"),
             ("rejected", "Messages rejected"), ("late_replies", "Replies that came after their deadline"),
             ("internal_errors", "Exceptions caught while handling a message"),
-            ("compute_seconds", "Seconds of expert compute"), ("queue_seconds", "Seconds requests queued"))}
+            ("compute_seconds", "Seconds of expert compute"), ("queue_seconds", "Seconds requests queued"),
+            ("batches", "Batches of expert work run (one or more requests each)"),
+            ("batched_requests", "Requests run in batches (batched_requests / batches: the mean batch size)"))}
         relayed = CounterMetricFamily(p + "relayed", "Experts relayed, by holder", labels=["node", "holder"])
+        batch_size = HistogramMetricFamily(p + "batch_size", "Requests per batch", labels=["node"])
         for node, st in sorted((self.node_status() or {}).items()):
             up.add_metric([node], 1.0 if st else 0.0)
             if not st:
@@ -120,14 +128,26 @@ class NodeCollector:
                     "requests": stats.get("requests"), "expert_executions": sum((stats.get("executed") or {}).values()),
                     "fallbacks": len(stats.get("fallbacks") or []), "rejected": stats.get("rejected"),
                     "late_replies": stats.get("late_replies"), "internal_errors": stats.get("internal_errors"),
-                    "compute_seconds": stats.get("compute_s"), "queue_seconds": stats.get("queue_s")}
+                    "compute_seconds": stats.get("compute_s"), "queue_seconds": stats.get("queue_s"),
+                    "batches": stats.get("batches", 0), "batched_requests": stats.get("batched_requests", 0)}
             for k, fam in list(gauges.items()) + list(counters.items()):
                 v = vals.get(k)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     fam.add_metric([node], float(v))
             for holder, n in sorted((stats.get("relayed") or {}).items()):
                 relayed.add_metric([node, str(holder)], float(n))
+            sizes = {int(k): int(v) for k, v in (stats.get("batch_sizes") or {}).items()
+                     if str(k).isdigit() and isinstance(v, int)}
+            if sizes:
+                buckets = []
+                for edge in BATCH_BUCKETS:
+                    total_le = sum(v for k, v in sizes.items() if k <= edge)
+                    buckets.append((str(edge), float(total_le)))
+                total = sum(sizes.values())
+                buckets.append(("+Inf", float(total)))
+                batch_size.add_metric([node], buckets, float(sum(k * v for k, v in sizes.items())))
         yield up
         yield from gauges.values()
         yield from counters.values()
         yield relayed
+        yield batch_size

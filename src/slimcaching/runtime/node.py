@@ -38,11 +38,12 @@ from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
-from slimcaching.runtime.executor import ExpertExecutor
+from slimcaching.runtime.executor import Batcher, ExpertExecutor, Job
 from slimcaching.runtime.linkemu import release_time, schedule_path
 from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import Layout, reversed_path
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
+from slimcaching.runtime.tensors import to_torch
 from slimcaching.runtime.transport import Transport
 from slimcaching.runtime.weights import load_experts
 
@@ -54,6 +55,9 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:  # pragma: no cover - non-Linux
         return 0
+
+
+OWN = -1  # in Parent.waiting: this node's own experts wait for their batch
 
 
 @dataclass
@@ -104,11 +108,13 @@ class NodeServer:
     def __init__(self, name: str, layout: Layout, experts: dict, *, emulate: bool = DEFAULTS.emulate,
                  pace: bool = DEFAULTS.pace, deadline_factor: float = DEFAULTS.deadline_factor,
                  deadline_floor_s: float = DEFAULTS.deadline_floor_s, retry_after_s: float = DEFAULTS.retry_after_s,
-                 keyring: Keyring | None = None, accepts_configure: bool = True, log=None):
+                 keyring: Keyring | None = None, accepts_configure: bool = True, log=None,
+                 max_batch_rows: int = DEFAULTS.max_batch_rows, batch_wait_s: float = DEFAULTS.batch_wait_s):
         self.name = name
         self.layout = layout
         self.config = RuntimeConfig(emulate=emulate, pace=pace, deadline_factor=deadline_factor,
-                                    deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s)
+                                    deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s,
+                                    max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
         self.log = log or (lambda msg: print(f"node {name}: {msg}", file=sys.stderr, flush=True))
         self.max_rows = limit("request_rows")
         self.max_in_flight_per_peer = limit("in_flight_per_peer")
@@ -124,6 +130,8 @@ class NodeServer:
                       "fallbacks": [], "compute_s": 0.0, "queue_s": 0.0, "errors": 0, "refused": {}}
         self.executor = ExpertExecutor(name, layout, experts, pace)
         self.executor.stats = self.stats  # one stats record per node
+        # batching across requests (executor.py); max_batch_rows 1: each request runs on its own, at once
+        self.batcher = Batcher(self.executor, max_batch_rows, batch_wait_s) if max_batch_rows > 1 else None
         self.ids = itertools.count(1)
         self.pending: dict[int, Sub] = {}
         self.dead_until: dict[str, float] = {}
@@ -168,7 +176,8 @@ class NodeServer:
 
     def _next_deadline(self) -> float:
         return min(min((s.deadline for s in self.pending.values()), default=float("inf")),
-                   min((s.deadline for s in self.step_pending.values()), default=float("inf")))
+                   min((s.deadline for s in self.step_pending.values()), default=float("inf")),
+                   self.batcher.next_due() if self.batcher is not None else float("inf"))
 
     def _reject(self, ident: bytes | None, rid: int, reason: str, fatal: bool = True) -> None:
         self.stats["rejected"] += 1
@@ -391,11 +400,27 @@ class NodeServer:
         if relay:
             self._relay(p, relay, exclude=frozenset())
         if own and p.failed is None:
-            ex = self.executor.run(req.layer, req.x, req.dtype_tag, own, p.released)
-            p.outputs.update(ex.outputs)
-            p.route.update({e: self.name for e, _ in own})
-            p.compute_s, p.queue_s = ex.compute_s, ex.queue_s
-            p.ready_at = max(p.ready_at, ex.ready_at)
+            if self.batcher is None:
+                self._own_done(p, own, self.executor.run(req.layer, req.x, req.dtype_tag, own, p.released))
+            else:  # waits for its batch: the loop's tick runs it (_check_deadlines)
+                p.waiting.add(OWN)
+                job = Job(to_torch(req.x, req.dtype_tag), own, p.released,
+                          done=lambda ex: self._guarded(p, self._own_done, p, own, ex))
+                self.batcher.add(req.layer, job, time.time())
+        self._maybe_finish(p)
+
+    def _own_done(self, p: Parent, own: list, ex) -> None:
+        """The experts this node holds for ``p`` ran (``ex``: their Execution, or the exception of a
+        batch that failed)."""
+        if p.done:
+            return
+        p.waiting.discard(OWN)
+        if isinstance(ex, Exception):
+            raise ex  # _guarded answers p with an error
+        p.outputs.update(ex.outputs)
+        p.route.update({e: self.name for e, _ in own})
+        p.compute_s, p.queue_s = ex.compute_s, ex.queue_s
+        p.ready_at = max(p.ready_at, ex.ready_at)
         self._maybe_finish(p)
 
     def _relay(self, p: Parent, relay: dict, exclude: frozenset) -> None:
@@ -503,6 +528,8 @@ class NodeServer:
         self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
 
     def _check_deadlines(self, now: float) -> None:
+        if self.batcher is not None:
+            self.batcher.run_due(now)
         for sid, relay in [(k, v) for k, v in self.step_pending.items() if v.deadline <= now]:
             del self.step_pending[sid]
             self._holder_failed(relay.req.host, "deadline")
@@ -576,7 +603,8 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     experts = load_experts(ctx.expert_source(), ctx.layout.held[name])
     server = NodeServer(name, ctx.layout, experts, emulate=config.emulate, pace=config.pace,
                         deadline_factor=config.deadline_factor, deadline_floor_s=config.deadline_floor_s,
-                        retry_after_s=config.retry_after_s, keyring=keyring, accepts_configure=accepts_configure)
+                        retry_after_s=config.retry_after_s, keyring=keyring, accepts_configure=accepts_configure,
+                        max_batch_rows=config.max_batch_rows, batch_wait_s=config.batch_wait_s)
     if name in ctx.layout.split_hosts:
         server.enable_split(ctx.model_dir)
     try:
@@ -608,10 +636,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-after", type=float, default=DEFAULTS.retry_after_s)
     ap.add_argument("--parent-pid", type=int, default=None)
     ap.add_argument("--keys", default=None, help="key directory: this node's secret key, every public key")
+    ap.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch_rows)
+    ap.add_argument("--batch-wait", type=float, default=DEFAULTS.batch_wait_s)
     a = ap.parse_args(argv)
 
     config = RuntimeConfig(emulate=not a.no_emulate, pace=a.pace, deadline_factor=a.deadline_factor,
-                           deadline_floor_s=a.deadline_floor, retry_after_s=a.retry_after)
+                           deadline_floor_s=a.deadline_floor, retry_after_s=a.retry_after,
+                           max_batch_rows=a.max_batch, batch_wait_s=a.batch_wait)
     try:
         ctx = load_context(a.scenario, a.placement, a.model, a.model_name)
         keyring = load_keyring(a.keys, a.name) if a.keys else None

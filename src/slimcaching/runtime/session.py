@@ -62,6 +62,8 @@ class RunOptions:
     ray_address: str | None = None
     rate: float | None = None  # tokens/s per user (Poisson arrivals); None: back to back
     seed: int = 0
+    max_batch_rows: int = DEFAULTS.max_batch_rows  # batching across requests at the nodes (1: none)
+    batch_wait_s: float = DEFAULTS.batch_wait_s
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
@@ -320,7 +322,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
                       emulate=opts.emulate, pace=opts.pace, deadline_factor=opts.deadline_factor,
                       deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
                       start_timeout=opts.start_timeout_s, launcher=opts.launcher,
-                      ray_address=opts.ray_address, users=users, progress=say) as cluster:
+                      ray_address=opts.ray_address, users=users, progress=say,
+                      max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s) as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:
@@ -385,7 +388,7 @@ def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict
     for n, server in enumerate(problem.server_names):
         for mn, layer, e in ctx.placement["edge"].get(server, []):
             x[n, problem.item_index(mn, layer, e)] = True
-    sim = simulate_queueing(problem, x, tokens=20000, load=1.0, seed=opts.seed)
+    sim = simulate_queueing(problem, x, tokens=20000, load=1.0, seed=opts.seed, max_batch=opts.max_batch_rows)
     rows = report["per_token"]
     queue = [r["breakdown"]["queue_s"] for r in rows]
     return {
