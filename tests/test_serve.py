@@ -293,7 +293,8 @@ def test_metrics_are_scraped_and_parsed(slim):
         assert m[("slimcaching_node_rss_bytes", (("node", n),))] > 0
     assert sum(v for (name, _), v in m.items() if name == "slimcaching_node_expert_executions_total") > 0
     batches = sum(v for (name, _), v in m.items() if name == "slimcaching_node_batches_total")
-    assert batches > 0 and batches == sum(v for (name, _), v in m.items() if name == "slimcaching_node_batch_size_count")
+    counted = sum(v for (name, _), v in m.items() if name == "slimcaching_node_batch_size_count")
+    assert batches > 0 and batches == counted
     assert m[("process_resident_memory_bytes", ())] > 0
     status, health = slim.raw("/health")
     assert status == 200 and health["status"] == "ok" and health["nodes_down"] == []
