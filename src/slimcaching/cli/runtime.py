@@ -52,8 +52,23 @@ RetryOpt = Annotated[float, typer.Option("--retry-after", min=0.0, help="Seconds
                                          "again.")]
 MaxBatchOpt = Annotated[int, typer.Option("--max-batch", min=1, max=8192, help="Rows one expert runs at once when "
                                           "a node batches requests of several users (1: no batching).")]
+RayPlacementOpt = Annotated[Path | None, typer.Option("--ray-placement", help="With --launcher ray: a cluster "
+                                                      "file whose ray_placement puts each node on a Ray node by "
+                                                      "{host: NAME_OR_IP} or {resources: {NAME: AMOUNT}}.")]
 BatchWaitOpt = Annotated[float, typer.Option("--batch-wait", min=0.0, max=1.0, help="Seconds a batch's first request "
                                              "waits for others (0: only those waiting anyway).")]
+
+
+def ray_placement_of(path: Path | None, launcher: str, nodes: list[str]) -> dict | None:
+    """The ``--ray-placement`` file's node placement (only with ``--launcher ray``)."""
+    if path is None:
+        return None
+    if launcher != "ray":
+        raise ScenarioError("--ray-placement", "only with --launcher ray", str(path))
+    from slimcaching.runtime.launch import read_ray_placement  # optional extra (runtime: pyzmq)
+
+    with flags(ray_placement="--ray-placement ray_placement"):
+        return read_ray_placement(path, nodes)
 
 
 def _cluster_inputs(cluster, scenario, placement, model, model_name):
@@ -93,6 +108,7 @@ def cluster_run(
                                                 "default: a local Ray instance.")] = None,
     max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
     batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
+    ray_placement: RayPlacementOpt = None,
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
@@ -104,12 +120,13 @@ def cluster_run(
         texts = prompt_texts(prompts, prompt)
         ctx = load_context(scenario, placement, model, model_name)
     nodes = ctx.layout.nodes
+    where = ray_placement_of(ray_placement, launcher, nodes)
     opts = RunOptions(scenario, str(placement), str(model), ctx.layout.model, texts,
                       [u.strip() for u in users.split(",") if u.strip()] if users else [],
                       max_new_tokens, not no_emulate, pace, not no_reference,
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
                       deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
-                      rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait)
+                      rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait, ray_placement=where)
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
         report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))

@@ -8,7 +8,17 @@ from typing import Annotated
 import typer
 
 from slimcaching.cli.common import console, flags
-from slimcaching.cli.runtime import BatchWaitOpt, DeadlineOpt, FloorOpt, MaxBatchOpt, NoEmuOpt, PaceOpt, RetryOpt
+from slimcaching.cli.runtime import (
+    BatchWaitOpt,
+    DeadlineOpt,
+    FloorOpt,
+    MaxBatchOpt,
+    NoEmuOpt,
+    PaceOpt,
+    RayPlacementOpt,
+    RetryOpt,
+    ray_placement_of,
+)
 from slimcaching.errors import ScenarioError
 from slimcaching.runtime.config import DEFAULTS
 
@@ -43,6 +53,7 @@ def serve_cmd(
     retry_after: RetryOpt = DEFAULTS.retry_after_s,
     max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
     batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
+    ray_placement: RayPlacementOpt = None,
 ) -> None:
     """Serve the model through the cluster with an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics); SIGTERM or Ctrl-C stop every node."""
@@ -56,10 +67,17 @@ def serve_cmd(
         raise ScenarioError("--launcher", "not with --cluster (the nodes run already)", launcher)
     if api_key is not None and not api_key.strip():
         raise ScenarioError("--api-key", "must not be empty")
+    where = None
+    if ray_placement is not None:
+        from slimcaching.runtime.cluster import load_context  # start-up: needs the runtime extra
+
+        with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name"):
+            nodes = load_context(scenario or "", placement or "", str(model), model_name).layout.nodes
+        where = ray_placement_of(ray_placement, launcher, nodes)
     opts = ServeOptions(scenario, placement, str(model) if model else None, model_name,
                         str(cluster) if cluster else None, host, port, not no_emulate, pace, launcher, address,
                         api_key, insecure, deadline_factor, deadline_floor, retry_after, max_devices, max_queue,
-                        max_batch, batch_wait)
+                        max_batch, batch_wait, where)
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),

@@ -24,6 +24,7 @@ from pathlib import Path
 import zmq
 
 from slimcaching.errors import ScenarioError
+from slimcaching.fileio import read_data_file
 from slimcaching.runtime import admin, protocol
 from slimcaching.runtime.cluster import load_context
 from slimcaching.runtime.config import DEFAULTS
@@ -98,26 +99,36 @@ class RayNode:
     """A node as a Ray actor: the actor process runs the same :class:`NodeServer` in a thread and
     listens on its own socket, so the data path stays direct (Ray only places and stops it)."""
 
-    def __init__(self, name: str, kwargs: dict, host: str):
+    def __init__(self, name: str, kwargs: dict, host: str, where: dict | None = None):
         self.name = name
         self.kwargs = kwargs
         self.host = host
+        self.where = where or {}  # {"host": name or IP of a Ray node} or {"resources": {...}} (ray_placement)
         self.actor = None
         self.ref = None
         self.port = 0
         self.rss_at_start = 0
+        self.ray_node = None  # the Ray node id it runs on
 
     def spawn(self, port: int = 0) -> None:
         import ray  # optional extra (ray)
 
-        self.actor = ray.remote(num_cpus=0, max_restarts=0)(_NodeActor).remote()
+        opts: dict = {"num_cpus": 0, "max_restarts": 0}
+        if "resources" in self.where:
+            opts["resources"] = dict(self.where["resources"])
+        if "host" in self.where:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional extra (ray)
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_of(self.where["host"], self.name),
+                                                                         soft=False)
+        self.actor = ray.remote(**opts)(_NodeActor).remote()
         self.ref = self.actor.start.remote(self.name, self.host, port, self.kwargs)
 
     def wait_ready(self, timeout: float) -> None:
         import ray  # optional extra (ray)
 
         try:
-            self.host, self.port, self.rss_at_start = ray.get(self.ref, timeout=timeout)
+            self.host, self.port, self.rss_at_start, self.ray_node = ray.get(self.ref, timeout=timeout)
         except Exception as exc:  # ray wraps the actor's error; keep its last line
             self.stop()
             text = str(exc).strip().splitlines()
@@ -152,10 +163,48 @@ class RayNode:
         self.kill()
 
 
+def ray_node_of(host: str, node: str) -> str:
+    """The id of the live Ray node whose IP address or host name is ``host`` (one line when none is)."""
+    import ray  # optional extra (ray)
+
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    match = [n for n in live if host in (n.get("NodeManagerAddress"), n.get("NodeManagerHostname"))]
+    if not match:
+        seen = sorted({f"{n.get('NodeManagerHostname')} ({n.get('NodeManagerAddress')})" for n in live})
+        raise ScenarioError(f"ray_placement.{node}.host", f"no live Ray node has this address or host name "
+                            f"(Ray nodes: {', '.join(seen) or 'none'})", host)
+    return match[0]["NodeID"]
+
+
+def read_ray_placement(path, nodes: list[str]) -> dict[str, dict]:
+    """A cluster file's ``ray_placement``: node -> ``{host: NAME_OR_IP}`` or ``{resources: {NAME: AMOUNT}}``
+    (a Ray node with that custom resource, as ``ray start --resources`` gives it)."""
+    data = read_data_file(path)
+    section = data.get("ray_placement")
+    if not isinstance(section, dict) or not section:
+        raise ScenarioError("ray_placement", "expected a mapping node -> {host: ...} or {resources: {...}}")
+    out = {}
+    for name, where in section.items():
+        if name not in nodes:
+            raise ScenarioError(f"ray_placement.{name}", f"not a node of the scenario ({', '.join(nodes)})")
+        if not isinstance(where, dict) or not where or set(where) - {"host", "resources"}:
+            raise ScenarioError(f"ray_placement.{name}", "expected {host: NAME_OR_IP} or {resources: {NAME: AMOUNT}}",
+                                where)
+        if "host" in where and (not isinstance(where["host"], str) or not where["host"]):
+            raise ScenarioError(f"ray_placement.{name}.host", "expected a host name or IP address", where["host"])
+        res = where.get("resources", {})
+        if not isinstance(res, dict) or any(not isinstance(k, str) or isinstance(v, bool)
+                                            or not isinstance(v, (int, float)) or not 0 < v <= 1e6
+                                            for k, v in res.items()):
+            raise ScenarioError(f"ray_placement.{name}.resources", "expected {NAME: AMOUNT > 0}", res)
+        out[name] = dict(where)
+    return out
+
+
 class _NodeActor:
     """Ray actor body (plain class; decorated by :class:`RayNode`)."""
 
-    def start(self, name: str, host: str, port: int, kw: dict) -> tuple[str, int, int]:
+    def start(self, name: str, host: str, port: int, kw: dict) -> tuple[str, int, int, str]:
         import torch  # optional extra (hf)
 
 
@@ -176,7 +225,9 @@ class _NodeActor:
         bound = self.server.bind(host, port)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
-        return host, bound, rss_bytes()
+        import ray  # optional extra (ray)
+
+        return host, bound, rss_bytes(), ray.get_runtime_context().get_node_id()
 
     def alive(self) -> bool:
         return self.thread.is_alive()
@@ -192,7 +243,7 @@ class LocalCluster:
                  retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
                  launcher: str = "local", ray_address: str | None = None, users: list[str] = (),
                  progress=None, max_batch_rows: int = DEFAULTS.max_batch_rows,
-                 batch_wait_s: float = DEFAULTS.batch_wait_s):
+                 batch_wait_s: float = DEFAULTS.batch_wait_s, ray_placement: dict | None = None):
         self.names = nodes
         self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
@@ -210,7 +261,9 @@ class LocalCluster:
                   "model_name": model_name, "emulate": emulate, "pace": pace,
                   "deadline_factor": deadline_factor, "deadline_floor_s": deadline_floor_s,
                   "retry_after_s": retry_after_s, "max_batch_rows": max_batch_rows, "batch_wait_s": batch_wait_s}
-            self.nodes = {n: RayNode(n, dict(kw, keyring=self.keyrings[n].to_dict()), host) for n in nodes}
+            placement = ray_placement or {}
+            self.nodes = {n: RayNode(n, dict(kw, keyring=self.keyrings[n].to_dict()), host, placement.get(n))
+                          for n in nodes}
             return
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
                   "--model-name", model_name, "--parent-pid", str(os.getpid()),
@@ -257,6 +310,9 @@ class LocalCluster:
             raise ScenarioError("launcher", "ray is not installed (pip install 'slimcaching[ray]')", "ray") from None
         if not ray.is_initialized():
             kw = {"address": address} if address else {"num_cpus": 2, "include_dashboard": False}
+            host = address.rsplit(":", 1)[0] if address else ""
+            if host.startswith("127."):  # a Ray cluster on loopback: this driver stays on loopback too
+                kw["_node_ip_address"] = host
             try:
                 ray.init(ignore_reinit_error=True, log_to_driver=False, **kw)
             except ConnectionError as exc:

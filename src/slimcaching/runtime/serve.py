@@ -48,6 +48,7 @@ class ServeOptions:
     max_queue: int = 16
     max_batch_rows: int = DEFAULTS.max_batch_rows
     batch_wait_s: float = DEFAULTS.batch_wait_s
+    ray_placement: dict | None = None
 
 
 def bind_http(host: str, port: int) -> socket.socket:
@@ -186,7 +187,8 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                     ctx.layout.nodes, sc, str(pl), str(ctx.model_dir), ctx.layout.model, workdir, emulate=emulate,
                     pace=pace, deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
                     retry_after_s=opts.retry_after_s, launcher=opts.launcher, ray_address=opts.ray_address,
-                    users=users, progress=say, max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s))
+                    users=users, progress=say, max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s,
+                    ray_placement=opts.ray_placement))
                 addrs = cluster.addresses
                 keyring_of = cluster.keyring
 

@@ -64,6 +64,7 @@ class RunOptions:
     seed: int = 0
     max_batch_rows: int = DEFAULTS.max_batch_rows  # batching across requests at the nodes (1: none)
     batch_wait_s: float = DEFAULTS.batch_wait_s
+    ray_placement: dict | None = None  # --launcher ray: node -> {host} or {resources} (launch.read_ray_placement)
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
@@ -323,7 +324,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
                       deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
                       start_timeout=opts.start_timeout_s, launcher=opts.launcher,
                       ray_address=opts.ray_address, users=users, progress=say,
-                      max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s) as cluster:
+                      max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s,
+                      ray_placement=opts.ray_placement) as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:
@@ -357,6 +359,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
         for n, st in nodes.items():
             st["rss_at_start_bytes"] = start_rss[n]
             st["experts_held"] = len(lay.held[n])
+            if getattr(cluster.nodes[n], "ray_node", None):
+                st["ray_node"] = cluster.nodes[n].ray_node  # where Ray placed it
         events = cluster.events
     wall = time.time() - t_start
     report = run_report(ctx, opts, users, sessions, reference, nodes, events, wall)
@@ -365,21 +369,17 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     return report
 
 
-def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict], report: dict) -> dict:
-    """Measured queueing against ``simulate --queueing`` for the same users at the rate achieved."""
-
-
-    achieved = {}
-    for s in sessions:
-        starts = sorted(st["t0"] for res in s["results"] for st in res["steps"])
-        achieved[s["user"]] = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+def simulate_at_rates(ctx, rates: dict[str, float], *, max_batch: int = 1, tokens: int = 20000,
+                      seed: int = 0) -> dict:
+    """``simulate --queueing`` for the users of ``rates`` alone (tokens/s each, of the run's model),
+    with the run's placement: what the latency model predicts for a run at that load."""
     sc = copy.copy(ctx.scenario)
     sc._index = {}
     sc.users = []
     for u in ctx.scenario.users:
-        if u.name in users:
+        if u.name in rates:
             nu = copy.copy(u)
-            nu.rate = max(achieved[u.name], 1e-9)
+            nu.rate = max(rates[u.name], 1e-9)
             prof = next(w.profile for w in u.workload if w.model == ctx.layout.model)
             nu.workload = [WorkloadEntry(ctx.layout.model, 1.0, prof)]
             sc.users.append(nu)
@@ -388,7 +388,16 @@ def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict
     for n, server in enumerate(problem.server_names):
         for mn, layer, e in ctx.placement["edge"].get(server, []):
             x[n, problem.item_index(mn, layer, e)] = True
-    sim = simulate_queueing(problem, x, tokens=20000, load=1.0, seed=opts.seed, max_batch=opts.max_batch_rows)
+    return simulate_queueing(problem, x, tokens=tokens, load=1.0, seed=seed, max_batch=max_batch)
+
+
+def load_comparison(ctx, opts: RunOptions, users: list[str], sessions: list[dict], report: dict) -> dict:
+    """Measured queueing against ``simulate --queueing`` for the same users at the rate achieved."""
+    achieved = {}
+    for s in sessions:
+        starts = sorted(st["t0"] for res in s["results"] for st in res["steps"])
+        achieved[s["user"]] = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+    sim = simulate_at_rates(ctx, {u: achieved[u] for u in users}, max_batch=opts.max_batch_rows, seed=opts.seed)
     rows = report["per_token"]
     queue = [r["breakdown"]["queue_s"] for r in rows]
     return {

@@ -1,0 +1,204 @@
+"""Load test of ``slimcaching serve`` (``python benchmarks/bench_serve.py [--clients 1,2,4,8,16]
+[--seconds 15] [--json out.json]``).
+
+A tiny Mixtral (hidden 64, 2 MoE layers, 8 experts, top-2) on a 3-server ring with 16 users, the
+slimcaching placement, paced nodes and devices (phones at 4 MFLOPS: ~21 ms of dense compute per
+token; edge servers memory-bound: an expert's weight read ~5 ms, a batch of tokens reads it once,
+so that 16 users load the servers past saturation without batching).
+For batching on (``--max-batch 64``) and off (``--max-batch 1``) one ``serve`` process is started,
+and for each number of concurrent clients N the official openai client (``AsyncOpenAI``) runs N
+streaming clients, client i as scenario user u<i> (its device loaded first, unmeasured), back to
+back for ``--seconds``: throughput of
+the whole cluster (completion tokens / s), time to first token and the time between streamed
+tokens (p50 / p95 / p99; a special token streams no text, so a gap can span two tokens), the
+devices' own mean time per decoded token and the latency model's no-load time for the same tokens
+(from /metrics), and the nodes' batches (mean requests per batch).
+
+Beside each row: ``simulate --queueing`` for the same users at the token rate each achieved, with
+the same batching (:func:`slimcaching.runtime.session.simulate_at_rates`): the latency model's
+per-token mean and p95 / p99 at that load. The serving process runs every user's device on this
+machine's cores: where it saturates, measured times grow beyond the model's (which gives every
+user a phone of its own), and the gap is the serving host's CPU, not the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+SCENARIO = {
+    "name": "serve-bench",
+    "models": [{"name": "tiny", "hf": None}],
+    "cloud": {"flops": "1 GFLOPS"},
+    "servers": [{"name": f"e{i}", "capacity_bytes": "400 kB", "flops": "400 MFLOPS", "mem_bandwidth": "20 MB/s",
+                 "cloud_rate_bps": "100 Mbit/s", "cloud_rtt_s": "30 ms"} for i in range(3)],
+    "server_links": [{"a": "e0", "b": "e1", "rate_bps": "1 Gbit/s", "rtt_s": "2 ms"},
+                     {"a": "e1", "b": "e2", "rate_bps": "1 Gbit/s", "rtt_s": "2 ms"}],
+    "profiles": {"chat": {"synthetic": {"model": "tiny", "task": "sqa", "tokens": 2000}}},
+    "user_groups": [{"prefix": "u", "count": 16, "homes": "all", "uplink_bps": "50 Mbit/s",
+                     "downlink_bps": "100 Mbit/s", "rtt_s": "5 ms", "flops": "4 MFLOPS", "cache_bytes": "0 B",
+                     "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}],
+}
+PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7 w3", "w20 w11 w5 w6", "w3 w3 w8 w40"]
+
+
+def setup(root: Path) -> tuple[Path, Path, Path]:
+    from slimcaching.cli import main
+    from slimcaching.runtime.tiny import build_tiny_model
+
+    model = build_tiny_model(root / "tiny", hidden=64, intermediate=128, layers=2, experts=8, top_k=2)
+    data = dict(SCENARIO, models=[{"name": "tiny", "hf": str(model)}])
+    sc = root / "scenario.yaml"
+    sc.write_text(yaml.safe_dump(data, sort_keys=False))
+    pl = root / "placement.json"
+    assert main(["solve", str(sc), "-a", "slimcaching", "-o", str(pl)]) == 0
+    return model, sc, pl
+
+
+def start_serve(sc: Path, pl: Path, model: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "serve", str(sc), str(pl), "--model", str(model),
+                             "--port", "0", "--pace", "--max-batch", str(max_batch), "--max-queue", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    line = proc.stdout.readline()
+    if not line.startswith("serving on "):
+        proc.kill()
+        raise SystemExit(f"serve did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Totals over labels of the metrics this benchmark reads from /metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    out = {}
+    for name in ("slimcaching_node_batches_total", "slimcaching_node_batched_requests_total",
+                 "slimcaching_token_latency_seconds_sum", "slimcaching_token_latency_seconds_count",
+                 "slimcaching_token_latency_predicted_seconds_sum"):
+        out[name] = sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+    return out
+
+
+async def clients(url: str, n: int, seconds: float, max_tokens: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    ttft, gaps, per_user = [], [], {}
+    # every user's device loaded before the clock starts (a device loads on its user's first request)
+    await asyncio.gather(*(client.completions.create(model="tiny", prompt="w1", max_tokens=1, user=f"u{i}")
+                           for i in range(n)))
+    stop_at = time.time() + seconds
+
+    async def one(i: int) -> None:
+        user, k = f"u{i}", 0
+        per_user[user] = 0
+        while time.time() < stop_at:
+            t0 = time.time()
+            last = None
+            stream = await client.completions.create(model="tiny", prompt=PROMPTS[(i + k) % len(PROMPTS)],
+                                                     max_tokens=max_tokens, temperature=0, stream=True, user=user,
+                                                     stream_options={"include_usage": True})
+            async for chunk in stream:
+                now = time.time()
+                if chunk.choices and chunk.choices[0].text:
+                    if last is None:
+                        ttft.append(now - t0)
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                if chunk.usage is not None:
+                    per_user[user] += chunk.usage.completion_tokens
+            k += 1
+
+    t0 = time.time()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.time() - t0
+    await client.close()
+    return {"wall_s": wall, "tokens": sum(per_user.values()), "rates": {u: v / wall for u, v in per_user.items()},
+            "ttft": ttft, "gaps": gaps}
+
+
+def pct(xs, q) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", default="1,2,4,8,16")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--batching", default="64,1", help="max-batch values to compare (1: no batching)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    from slimcaching.runtime.cluster import load_context
+    from slimcaching.runtime.session import simulate_at_rates
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model, sc, pl = setup(Path(tmp))
+        ctx = load_context(sc, pl, model)
+        for mb in [int(x) for x in a.batching.split(",")]:
+            proc, url = start_serve(sc, pl, model, mb)
+            try:
+                for n in [int(x) for x in a.clients.split(",")]:
+                    m0 = scrape(url)
+                    res = asyncio.run(clients(url, n, a.seconds, a.max_tokens))
+                    m1 = scrape(url)
+                    d = {k: m1[k] - m0[k] for k in m0}
+                    b, r = d["slimcaching_node_batches_total"], d["slimcaching_node_batched_requests_total"]
+                    count = d["slimcaching_token_latency_seconds_count"]
+                    sim = simulate_at_rates(ctx, res["rates"], max_batch=mb, tokens=20000)
+                    row = {"max_batch": mb, "clients": n, "tokens_per_s": res["tokens"] / res["wall_s"],
+                           "ttft_p50_s": pct(res["ttft"], 50), "ttft_p95_s": pct(res["ttft"], 95),
+                           "ttft_p99_s": pct(res["ttft"], 99), "token_p50_s": pct(res["gaps"], 50),
+                           "token_p95_s": pct(res["gaps"], 95), "token_p99_s": pct(res["gaps"], 99),
+                           "token_mean_s": float(np.mean(res["gaps"])) if res["gaps"] else None,
+                           "requests_per_batch": r / b if b > 0 else None,
+                           "device_token_mean_s": d["slimcaching_token_latency_seconds_sum"] / count if count else None,
+                           "device_predicted_mean_s": d["slimcaching_token_latency_predicted_seconds_sum"] / count
+                           if count else None,
+                           "sim_mean_s": sim["mean_token_latency_s"], "sim_p95_s": sim["p95_s"],
+                           "sim_p99_s": sim["p99_s"], "sim_max_server_utilisation":
+                               max(sim["server_utilisation"].values())}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+    print()
+    print("| batching | clients | tokens/s | TTFT p50 / p95 / p99 ms | between streamed tokens p50 / p95 / p99 ms | "
+          "per token measured / no-load model ms | requests per batch | simulated per token mean / p95 / p99 ms "
+          "(max server util.) |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def ms(x):
+        return "-" if x is None else f"{1e3 * x:.1f}"
+
+    for r in rows:
+        rpb = "-" if r["requests_per_batch"] is None else f"{r['requests_per_batch']:.2f}"
+        print(f"| {'on (64)' if r['max_batch'] > 1 else 'off'} | {r['clients']} | {r['tokens_per_s']:.1f} | "
+              f"{ms(r['ttft_p50_s'])} / {ms(r['ttft_p95_s'])} / {ms(r['ttft_p99_s'])} | "
+              f"{ms(r['token_p50_s'])} / {ms(r['token_p95_s'])} / {ms(r['token_p99_s'])} | "
+              f"{ms(r['device_token_mean_s'])} / {ms(r['device_predicted_mean_s'])} | "
+              f"{rpb} | "
+              f"{ms(r['sim_mean_s'])} / {ms(r['sim_p95_s'])} / {ms(r['sim_p99_s'])} "
+              f"({100 * r['sim_max_server_utilisation']:.0f}%) |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
