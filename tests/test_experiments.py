@@ -36,6 +36,7 @@ def test_quick_capacity_writes_csv_figures_summary(tmp_path):
     md = (tmp_path / "capacity.md").read_text()
     assert "Headline claim at 2.5 GB" in md and "16.7%" in md
     assert "two nearest servers, zero access RTT" in md and "The headline under other assumptions" in md
+    assert "## Paired ratio to lfu" in md  # no greedy among these algorithms: LFU is the baseline
     none = {r["x"]: float(r["latency_ms"]) for r in rows if r["algorithm"] == "none"}
     for r in rows:
         assert float(r["latency_ms"]) <= none[r["x"]] + 1e-9  # caching never hurts
@@ -196,3 +197,33 @@ def test_sweep_on_a_given_scenario_file(tmp_path):
     assert lat[min(lat)] >= lat[max(lat)]  # more storage never hurts lfu here
     with pytest.raises(ScenarioError, match="^scenario: "):
         run_experiment("servers", tmp_path / "o2", seeds=1, quick=True, backend="serial", scenario_path=str(scen))
+
+
+def test_paired_ratios_divide_by_the_baseline_of_the_same_seed():
+    from slimcaching.experiments.plots import aggregate, paired_ratios
+
+    rows = [{"algorithm": a, "x": "1", "seed": str(sd), "latency_ms": str(v), "error": ""}
+            for a, sd, v in [("greedy", 0, 100.0), ("greedy", 1, 200.0), ("slimcaching", 0, 80.0),
+                             ("slimcaching", 1, 180.0), ("lfu", 0, 150.0)]]
+    r = paired_ratios(rows, "latency_ms", "greedy")
+    assert "greedy" not in r
+    (x, mean, half, n), = r["slimcaching"]
+    assert (x, n) == (1.0, 2) and mean == pytest.approx(0.85) and half > 0
+    assert r["lfu"] == [(1.0, 1.5, 0.0, 1)]  # one paired seed only
+    # the seeds' spread is in the absolute values, not in the paired ratios
+    (_, amean, ahalf, _), = aggregate(rows, "latency_ms")["slimcaching"]
+    assert amean == pytest.approx(130.0) and ahalf / amean > 5 * half / mean
+
+
+def test_figure_styles_are_colour_blind_safe_and_distinct():
+    from slimcaching.figures import ALGORITHM_STYLE, BLUE, GREY, YELLOW, line_style, text_color
+
+    okabe_ito = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000", "#999999"}
+    assert {c for c, *_ in ALGORITHM_STYLE.values()} <= okabe_ito
+    shapes = [(m, ls, filled) for _, m, ls, filled in ALGORITHM_STYLE.values()]
+    assert len(set(shapes)) == len(shapes)  # never told apart by colour alone
+    assert len({m for _, m, _, _ in ALGORITHM_STYLE.values()}) == len(ALGORITHM_STYLE)
+    a, b = line_style("slimcaching"), line_style("slimcaching-fast")
+    assert a["linestyle"] != b["linestyle"] and b["markerfacecolor"] == "white" and b["markersize"] < a["markersize"]
+    assert text_color(YELLOW) == "black" and text_color(BLUE) == "white" and text_color(GREY) == "black"
+    assert text_color((0.267, 0.005, 0.329)) == "white" and text_color((0.993, 0.906, 0.144)) == "black"  # viridis

@@ -409,3 +409,54 @@ def test_serve_without_the_serve_extra_says_the_install_in_one_line(tmp_path, mo
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert "pip install torch==2.13.0 && pip install -e '.[hf,runtime,serve]'" in lines[0]
+
+
+def test_serve_joins_running_nodes_from_a_cluster_file(tmp_path, model_dir, reference):
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(model_dir, capacity="20 kB", cache="4 kB"))
+    pl = solve(sc, "slimcaching", tmp_path / "pl.json")
+    ctx = load_context(sc, pl, model_dir)
+    with thread_cluster(ctx, deadline_floor_s=FLOOR) as (servers, addrs):
+        cluster = tmp_path / "cluster.json"
+        cluster.write_text(json.dumps({"nodes": {n: a.removeprefix("tcp://") for n, a in addrs.items()},
+                                       "scenario": str(sc), "placement": str(pl), "model": str(model_dir),
+                                       "emulate": False}))
+        proc = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "serve", "--cluster", str(cluster),
+                                 "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("serving on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+            client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="none", max_retries=0)
+            r = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=5, temperature=0, user="u1")
+            assert r.choices[0].text == reference(PROMPTS[2], 5)[0]
+            assert sum(sum(s.stats["executed"].values()) for s in servers.values()) > 0  # these nodes served it
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_a_node_serves_its_own_metrics(tmp_path, model_dir):
+    from slimcaching.runtime.metrics import serve_node_metrics
+
+    ctx, _ = _served(tmp_path, model_dir, "slimcaching", users=2)
+    opts = RunOptions("", "", str(ctx.model_dir), ctx.layout.model, emulate=False, reference=False,
+                      deadline_floor_s=FLOOR)
+    with thread_cluster(ctx, deadline_floor_s=FLOOR) as (servers, addrs):
+        engine = Engine(ctx, addrs, opts)
+        got = []
+        engine.submit(Job("u0", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0), got.append))
+        deadline = time.time() + 60
+        while not any(e[0] == "done" for e in got) and time.time() < deadline:
+            time.sleep(0.05)
+        engine.close()
+        port = serve_node_metrics(servers["cloud"], "127.0.0.1", 0)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert m[("slimcaching_node_up", (("node", "cloud"),))] == 1
+    assert m[("slimcaching_node_experts_held", (("node", "cloud"),))] == len(ctx.layout.held["cloud"])
+    assert m[("slimcaching_node_requests_total", (("node", "cloud"),))] == servers["cloud"].stats["requests"]
+    assert m[("process_resident_memory_bytes", ())] > 0

@@ -180,6 +180,9 @@ def node_cmd(
     retry_after: RetryOpt = DEFAULTS.retry_after_s,
     max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
     batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="Serve this node's "
+                                                     "Prometheus metrics on this port of its address (0: any "
+                                                     "free one; needs the serve extra).")] = None,
 ) -> None:
     """Run one node (edge server or cloud) of a cluster described by a cluster file."""
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
@@ -195,9 +198,12 @@ def node_cmd(
 
     keyring = load_keyring(data["keys"], name) if data.get("keys") else None
     try:
-        with flags(bind="--bind"):
+        with flags(bind="--bind", metrics_port="--metrics-port"):
             run_node(ctx, name, bind or host, int(port), addrs, config,
                      ready=lambda p, rss: print(f"READY {p} {rss}", flush=True), keyring=keyring,
+                     metrics_port=metrics_port,
+                     metrics_ready=lambda p: console.print(f"metrics on http://{bind or host}:{p}/metrics",
+                                                           highlight=False, soft_wrap=True),
                      accepts_configure=False, insecure=insecure)
     except KeyboardInterrupt:
         return

@@ -16,16 +16,13 @@ from slimcaching.architectures import mean_latency
 from slimcaching.errors import ScenarioError
 from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
 from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
-from slimcaching.figures import pyplot, save_figure
+from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write, read_input_bytes, read_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_scenario
 
 PAPER_HEADLINE = {"greedy": 16.7, "lfu": 19.5}  # % lower latency than Greedy / LFU at 2.5 GB (the paper)
-STYLE = {"slimcaching": ("C0", "o"), "slimcaching-fast": ("C9", "s"), "greedy": ("C1", "^"), "lfu": ("C2", "v"),
-         "random": ("C7", "x"), "u-shaped": ("C3", "D"), "none": ("k", "."), "exact": ("C4", "*"),
-         "greedy-k1": ("C5", "<"), "u-shaped-partial": ("C8", "P"), "slimcaching-hybrid": ("C6", "h")}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -36,52 +33,129 @@ def read_rows(path: Path) -> list[dict]:
         raise ScenarioError("results", f"{path}: not a results CSV ({exc})") from None
 
 
-def aggregate(rows: list[dict], metric: str) -> dict[str, list[tuple[float, float, float, int]]]:
-    """algorithm -> [(x, mean, 95% half-width, n)] over seeds (NaNs dropped)."""
+def _mean_ci(vals: list[float]) -> tuple[float, float]:
+    """Mean and 95% t half-width (0 for one value)."""
     from scipy import stats  # start-up: scipy ~1-2 s
 
-    acc: dict[tuple[str, float], list[float]] = {}
+    arr = np.array(vals)
+    half = float(stats.t.ppf(0.975, len(arr) - 1) * arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else 0.0
+    return float(arr.mean()), half
+
+
+def _values(rows: list[dict], metric: str) -> dict[tuple[str, float], dict[str, float]]:
+    """(algorithm, x) -> seed -> value (failed points and NaNs dropped)."""
+    acc: dict[tuple[str, float], dict[str, float]] = {}
     for r in rows:
         if r.get("error"):
             continue
         v = float(r[metric]) if r[metric] not in ("", None) else math.nan
-        if math.isnan(v):
-            continue
-        acc.setdefault((r["algorithm"], float(r["x"])), []).append(v)
+        if not math.isnan(v):
+            acc.setdefault((r["algorithm"], float(r["x"])), {})[str(r.get("seed", 0))] = v
+    return acc
+
+
+def aggregate(rows: list[dict], metric: str) -> dict[str, list[tuple[float, float, float, int]]]:
+    """algorithm -> [(x, mean, 95% half-width, n)] over seeds (NaNs dropped)."""
     out: dict[str, list] = {}
-    for (a, x), vals in sorted(acc.items(), key=lambda t: (t[0][0], t[0][1])):
-        arr = np.array(vals)
-        half = float(stats.t.ppf(0.975, len(arr) - 1) * arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else 0.0
-        out.setdefault(a, []).append((x, float(arr.mean()), half, len(arr)))
+    for (a, x), by_seed in sorted(_values(rows, metric).items()):
+        mean, half = _mean_ci(list(by_seed.values()))
+        out.setdefault(a, []).append((x, mean, half, len(by_seed)))
     return out
 
 
-def plot(exp: Experiment, agg: dict, out: Path) -> list[Path]:
-    """Draw an experiment's aggregated curves; returns the PNG and SVG paths."""
-    plt = pyplot()
+def paired_ratios(rows: list[dict], metric: str, baseline: str) -> dict[str, list[tuple[float, float, float, int]]]:
+    """algorithm -> [(x, mean, 95% half-width, n)] of its value over ``baseline``'s for the same seed
+    (the seed redraws users and profiles, so pairing removes what the seeds share)."""
+    vals = _values(rows, metric)
+    out: dict[str, list] = {}
+    for (a, x), by_seed in sorted(vals.items()):
+        if a == baseline:
+            continue
+        base = vals.get((baseline, x), {})
+        ratios = [v / base[sd] for sd, v in by_seed.items() if base.get(sd, 0.0) > 0]
+        if ratios:
+            mean, half = _mean_ci(ratios)
+            out.setdefault(a, []).append((x, mean, half, len(ratios)))
+    return out
 
-    fig, ax = plt.subplots(figsize=(7.6, 4.2), dpi=150)
-    for a in list(exp.algorithms) + [k for k in agg if k not in exp.algorithms]:
-        if a not in agg:
+
+def baseline_of(exp: Experiment, agg: dict) -> str | None:
+    """The algorithm an experiment's ratios are to: Greedy, as the paper's claims are, else LFU."""
+    if exp.metric == "solve_s":
+        return None
+    return next((b for b in ("greedy", "lfu") if b in agg), None)
+
+
+def _curves(ax, exp: Experiment, agg: dict, skip: str | None = None, bands: bool = True) -> None:
+    """One line per algorithm; its 95% CI as a light band under every line (``bands``), or as error
+    bars (where seeds differ so much that bands would wash over the whole panel)."""
+    order = [a for a in list(exp.algorithms) + sorted(k for k in agg if k not in exp.algorithms) if a in agg]
+    for i, a in enumerate(order):
+        if a == skip:
             continue
         xs, ms, hs, _ = map(np.array, zip(*agg[a]))
-        color, marker = STYLE.get(a, (None, "o"))
-        ax.plot(xs, ms, marker=marker, color=color, label=a, linewidth=1.6, markersize=5)
-        ax.fill_between(xs, ms - hs, ms + hs, color=color, alpha=0.15, linewidth=0)
+        st = line_style(a, i)
+        if bands:
+            ax.fill_between(xs, ms - hs, ms + hs, color=st["color"], alpha=0.12, linewidth=0, zorder=1)
+            ax.plot(xs, ms, label=a, zorder=3 + i, **st)
+        else:
+            ax.errorbar(xs, ms, yerr=hs, label=a, zorder=3 + i, capsize=3, elinewidth=0.9, **st)
+
+
+def _x_axis(ax, exp: Experiment, agg: dict) -> None:
     if exp.logx:
         ax.set_xscale("log")
     elif all(float(p[0]).is_integer() for pts in agg.values() for p in pts):
         from matplotlib.ticker import MaxNLocator  # start-up: matplotlib ~1 s
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(exp.xlabel, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=9)
+
+
+def plot(exp: Experiment, agg: dict, out: Path, ratios: dict | None = None, baseline: str | None = None) -> list[Path]:
+    """Draw an experiment: with ``ratios``, the per-seed paired ratio to ``baseline`` (the main view)
+    beside the absolute values; else the absolute values alone. Returns the PNG and SVG paths."""
+    plt = pyplot()
+
+    if ratios:
+        fig, (ax_r, ax) = plt.subplots(1, 2, figsize=(12.5, 5.0), dpi=150)
+        _curves(ax_r, exp, ratios, skip=baseline)
+        ax_r.axhline(1.0, color="black", linewidth=1.2, zorder=2, label=f"{baseline} (= 1)")
+        lo = min(p[1] - p[2] for pts in ratios.values() for p in pts)
+        hi = max(p[1] + p[2] for pts in ratios.values() for p in pts)
+        if hi / max(lo, 1e-9) > 4:  # a far-off algorithm (none) would flatten the others: log scale
+            from matplotlib.ticker import (  # start-up: matplotlib ~1 s
+                FuncFormatter,  # start-up: matplotlib ~1 s
+                LogLocator,
+                NullFormatter,
+            )
+
+            ax_r.set_yscale("log")
+            ax_r.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax_r.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax_r.yaxis.set_minor_formatter(NullFormatter())
+        _x_axis(ax_r, exp, ratios)
+        quantity = exp.ylabel.split(" (")[0]
+        ax_r.set_ylabel(f"{quantity} / {baseline}'s (same seed)", fontsize=10)
+        ax_r.set_title(f"{exp.name}: paired ratio to {baseline} (mean, 95% CI over seeds)", fontsize=11)
+    else:
+        fig, ax = plt.subplots(figsize=(8.6, 5.0), dpi=150)
+    _curves(ax, exp, agg, bands=not ratios)  # beside the ratios: error bars (seeds differ widely in absolute terms)
+    _x_axis(ax, exp, agg)
     if exp.metric == "solve_s":
         ax.set_yscale("log")
-    ax.set_xlabel(exp.xlabel)
-    ax.set_ylabel(exp.ylabel)
-    ax.set_title(f"{exp.name}: {exp.ylabel.split(' (')[0]} (mean, 95% CI over seeds)", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return save_figure(fig, out, exp.name)
+    ax.set_ylabel(exp.ylabel, fontsize=10)
+    ax.set_title(f"{exp.name}: {exp.ylabel.split(' (')[0]} (mean, 95% CI over seeds)", fontsize=11)
+    handles, labels = [], []
+    for a in fig.axes:
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=9, frameon=False)
+    return save_figure(fig, out, exp.name, rect=(0, 0.11 if len(labels) > 6 else 0.07, 1, 1))
 
 
 def fitted_slopes(agg: dict) -> dict[str, float]:
@@ -221,6 +295,23 @@ def mean_pm(mean: float, half: float) -> str:
     return f"{round(mean, place):.0f} ± {round(half, place):.0f}"
 
 
+def ratio_lines(exp: Experiment, ratios: dict, baseline: str) -> list[str]:
+    """Markdown table of the paired ratios to ``baseline`` (what the figure's main panel shows)."""
+    algos = [a for a in list(exp.algorithms) + sorted(k for k in ratios if k not in exp.algorithms) if a in ratios]
+    xs = sorted({p[0] for a in algos for p in ratios[a]})
+    lines = [f"## Paired ratio to {baseline} (same seed; mean ± 95% CI)", "",
+             f"Each seed's value divided by {baseline}'s on the same seed (below 1: better than {baseline}).", "",
+             "| x | " + " | ".join(algos) + " |", "|---|" + "---|" * len(algos)]
+    for x in xs:
+        cells = []
+        for a in algos:
+            hit = [p for p in ratios[a] if p[0] == x]
+            cells.append("–" if not hit else (mean_pm(hit[0][1], hit[0][2]) if hit[0][2] > 0 else f"{hit[0][1]:.4g}"))
+        lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def headline_lines(variants: list[tuple[str, dict[str, float]]]) -> list[str]:
     """Markdown lines of the headline variants table."""
     lines = ["## The headline under other assumptions (2.5 GB, seed 0)", "",
@@ -251,9 +342,13 @@ def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: st
         atomic_write(out / f"{exp.name}.md", regime_summary(exp, rows, table, scenario_label))
         return
     agg = aggregate(rows, exp.metric)
+    baseline = baseline_of(exp, agg)
+    ratios = paired_ratios(rows, exp.metric, baseline) if baseline else None
     if agg:
-        plot(exp, agg, out)
+        plot(exp, agg, out, ratios, baseline)
     text = summary(exp, rows, agg, scenario_label)
+    if ratios:
+        text += "\n" + "\n".join(ratio_lines(exp, ratios, baseline)) + "\n"
     if exp.name == "capacity" and scenario_label == "default scenario":
         text += "\n".join(headline_lines(headline_variants(quick)))
     atomic_write(out / f"{exp.name}.md", text)

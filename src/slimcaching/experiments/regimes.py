@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.experiments.definitions import REGIME_LABEL, Experiment
-from slimcaching.figures import pyplot, save_figure
+from slimcaching.figures import BLUE, GREEN, GREY, ORANGE, VERMILLION, pyplot, save_figure, text_color
 
 SINGLE = ("slimcaching", "u-shaped", "u-shaped-partial", "lfu", "none")
 HYBRID = "slimcaching-hybrid"
@@ -49,44 +49,63 @@ def _gain(lat: dict[str, float]) -> float:
     return 100.0 * (best - lat[HYBRID]) / best
 
 
+WINNER_COLOURS = {"slimcaching": BLUE, "u-shaped": VERMILLION, "u-shaped-partial": ORANGE, "lfu": GREEN,
+                  "none": GREY}
+
+
+def _margin(lat: dict[str, float]) -> float:
+    """How much faster the winning single architecture is than the next one (%)."""
+    single = sorted(lat[a] for a in SINGLE if a in lat)
+    return 100.0 * (single[1] - single[0]) / single[1] if len(single) > 1 and single[1] > 0 else math.nan
+
+
 def plot_regimes(exp: Experiment, table: dict, out: Path) -> list[Path]:
-    """Draw the regime map: per cell the winning architecture and its margin."""
+    """Draw the regime map: per cell the winning architecture (with its margin over the next) and
+    the hybrid's gain; colour-blind-safe colours, cell text in black or white for contrast."""
     plt = pyplot()
     from matplotlib.colors import ListedColormap  # start-up: matplotlib ~1 s
 
     grids = [g for g in REGIME_LABEL if g in table]
     if not grids:
         return []
-    colors = ["C0", "C3", "C1", "C2", "0.6"]
-    fig, axes = plt.subplots(len(grids), 2, figsize=(11, 4.0 * len(grids)), dpi=130, squeeze=False)
+    colours = [WINNER_COLOURS[a] for a in SINGLE]
+    fig, axes = plt.subplots(len(grids), 2, figsize=(13, 4.6 * len(grids)), dpi=130, squeeze=False)
     for row, g in enumerate(grids):
         cells = table[g]
         ss = sorted({c[0] for c in cells})
         vs = sorted({c[1] for c in cells})
         win = np.full((len(ss), len(vs)), np.nan)
         gain = np.full((len(ss), len(vs)), np.nan)
+        margin = np.full((len(ss), len(vs)), np.nan)
         for (s, v), lat in cells.items():
             i, j = ss.index(s), vs.index(v)
             win[i, j] = SINGLE.index(_winner(lat)[0])
             gain[i, j] = _gain(lat)
+            margin[i, j] = _margin(lat)
+        small = len(vs) > 6 or len(ss) > 6  # many cells: shorter labels
         ax = axes[row, 0]
-        ax.imshow(win, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(SINGLE) - 0.5, origin="lower", aspect="auto")
+        ax.imshow(win, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(SINGLE) - 0.5, origin="lower", aspect="auto")
         for (i, j), w in np.ndenumerate(win):
             if not np.isnan(w):
-                ax.text(j, i, SINGLE[int(w)], ha="center", va="center", fontsize=7, color="white")
-        ax.set_title(f"fastest single architecture ({g})", fontsize=10)
+                name = SINGLE[int(w)]
+                label = name if small or np.isnan(margin[i, j]) else f"{name}\n{margin[i, j]:.0f}% ahead"
+                ax.text(j, i, label, ha="center", va="center", fontsize=8 if small else 10,
+                        color=text_color(WINNER_COLOURS[name]))
+        ax.set_title(f"fastest single architecture, and its lead over the next ({g})", fontsize=11)
         ax2 = axes[row, 1]
         im = ax2.imshow(gain, cmap="viridis", origin="lower", aspect="auto")
         for (i, j), v in np.ndenumerate(gain):
             if not np.isnan(v):
-                ax2.text(j, i, f"{v:.1f}%", ha="center", va="center", fontsize=7, color="white")
-        fig.colorbar(im, ax=ax2, label="hybrid's gain (%)")
-        ax2.set_title(f"slimcaching-hybrid below the best single one ({g})", fontsize=10)
+                ax2.text(j, i, f"{v:.1f}%", ha="center", va="center", fontsize=8 if small else 10,
+                         color=text_color(im.cmap(im.norm(v))))
+        cb = fig.colorbar(im, ax=ax2)
+        cb.set_label("hybrid's gain (%)", fontsize=10)
+        ax2.set_title(f"slimcaching-hybrid below the best single one ({g})", fontsize=11)
         for a in (ax, ax2):
-            a.set_xticks(range(len(vs)), [f"{v:g}" for v in vs])
-            a.set_yticks(range(len(ss)), [f"{s:g}" for s in ss])
-            a.set_xlabel(REGIME_LABEL[g])
-            a.set_ylabel(exp.xlabel)
+            a.set_xticks(range(len(vs)), [f"{v:g}" for v in vs], fontsize=9)
+            a.set_yticks(range(len(ss)), [f"{s:g}" for s in ss], fontsize=9)
+            a.set_xlabel(REGIME_LABEL[g], fontsize=10)
+            a.set_ylabel(exp.xlabel, fontsize=10)
     return save_figure(fig, out, exp.name)
 
 

@@ -151,3 +151,29 @@ class NodeCollector:
         yield from counters.values()
         yield relayed
         yield batch_size
+
+
+def node_snapshot(node) -> dict | None:
+    """A copy of a running node's status, taken from another thread (the node's loop may change its
+    counters meanwhile: a copy that raced is taken again)."""
+    import copy
+
+    for _ in range(10):
+        try:
+            return copy.deepcopy(node.status())
+        except RuntimeError:  # a dict changed size during the copy
+            continue
+    return None
+
+
+def serve_node_metrics(node, host: str, port: int) -> int:
+    """Prometheus metrics of one node (``slimcaching node --metrics-port``) on ``host:port`` in a
+    thread of the node's process; returns the port."""
+    from prometheus_client import CollectorRegistry, start_http_server  # optional extra (serve)
+    from prometheus_client.process_collector import ProcessCollector  # optional extra (serve)
+
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(NodeCollector(lambda: {node.name: node_snapshot(node)}))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_port)

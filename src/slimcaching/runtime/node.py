@@ -583,9 +583,11 @@ class NodeServer:
 
 def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, peers: dict[str, str] | None = None,
              config: RuntimeConfig = DEFAULTS, parent_pid: int | None = None, ready=None, *,
-             keyring: Keyring | None = None, accepts_configure: bool = True, insecure: bool = False) -> None:
+             keyring: Keyring | None = None, accepts_configure: bool = True, insecure: bool = False,
+             metrics_port: int | None = None, metrics_ready=None) -> None:
     """Load the experts ``name`` holds, listen on ``host:port``, connect to ``peers`` and serve
-    until shut down; ``ready(port, rss)`` is called once listening.
+    until shut down; ``ready(port, rss)`` is called once listening. With ``metrics_port`` the node's
+    Prometheus metrics are served on ``host:metrics_port`` too (``metrics_ready(port)``).
 
     With a ``keyring`` every connection is authenticated (CURVE); without one the node listens on
     loopback only, unless ``insecure``. ``accepts_configure=False``: peers come from ``peers``
@@ -613,6 +615,16 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
         raise ScenarioError("port", f"cannot listen on {host}:{port} ({exc.strerror})", port) from None
     if peers:
         server.connect_peers(peers)
+    if metrics_port is not None:  # Prometheus metrics of this node, on its own host
+        from slimcaching.runtime.metrics import serve_node_metrics  # optional extra (serve)
+
+        try:
+            got = serve_node_metrics(server, host, metrics_port)
+        except OSError as exc:
+            raise ScenarioError("metrics_port", f"cannot listen on {host}:{metrics_port} ({exc.strerror})",
+                                metrics_port) from None
+        if metrics_ready is not None:
+            metrics_ready(got)
     if ready is not None:
         ready(port, rss_bytes())
     server.serve(parent_pid)
