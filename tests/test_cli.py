@@ -178,3 +178,19 @@ def test_generator_flags_checked_as_flags(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: --uplink: unknown unit 'furlongs'") and "users[0]" not in err and not out.exists()
     assert main(["scenario", "new", "-o", str(out), "--uplink", "50 mbps", "--users", "3"]) == 0 and out.exists()
+
+
+def test_quiet_turns_progress_off_and_resets_per_invocation(capsys, monkeypatch):
+    from slimcaching.cli import common
+
+    monkeypatch.setattr(type(common.console), "is_terminal", property(lambda self: True))
+    assert main(["-q", "algorithms"]) == 0
+    assert common.QUIET["on"] and not common.show_progress()
+    capsys.readouterr()
+    common.note("node e0 ready")
+    assert capsys.readouterr().err == ""  # progress lines are off
+    assert main(["algorithms"]) == 0  # the next invocation without -q: progress on again
+    assert not common.QUIET["on"] and common.show_progress()
+    capsys.readouterr()
+    common.note("node e0 ready")
+    assert "node e0 ready" in capsys.readouterr().err

@@ -513,8 +513,9 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for n in ("e0", "e1", "cloud")]
     try:
-        for p in procs:
-            assert p.stdout.readline().startswith("READY")
+        for n, p in zip(("e0", "e1", "cloud"), procs):
+            line = p.stdout.readline()
+            assert line.startswith(f"node {n} ready: listening on 127.0.0.1:") and "experts, RSS" in line, line
         out = tmp_path / "gen.json"
         assert main(["generate", "--cluster", str(cluster), "--user", "u1", "--prompt", PROMPTS[0],
                      "--max-new-tokens", "5", "--json", str(out)]) == 0
@@ -533,9 +534,18 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
 
         why = admin.shutdown(f"tcp://127.0.0.1:{ports[0]}", keyring=load_keyring(tmp_path / "keys", "u0"), node="e0")
         assert why is not None and "only 'admin'" in why and procs[0].poll() is None
-        assert main(["cluster", "stop", "--cluster", str(cluster)]) == 0
-        assert "e0: stopped" in capsys.readouterr().err
-        for p in procs:
+        # u1's home e1 dies: generate says so as it happens, goes to the cloud, and the tokens stay the same
+        procs[1].kill()
+        procs[1].wait(10)
+        assert main(["generate", "--cluster", str(cluster), "--user", "u1", "--prompt", PROMPTS[0],
+                     "--max-new-tokens", "5", "--json", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert "fallback: e1 failed at layer 0" in err and "using cloud" in err, err
+        assert json.loads(out.read_text())["generated"][0]["tokens"] == ref[0]["tokens"]
+        assert main(["cluster", "stop", "--cluster", str(cluster)]) == 2  # e1 is gone: named, exit 2
+        err = capsys.readouterr().err
+        assert "e0: stopped" in err and "e1: not stopped (no answer)" in err
+        for p in (procs[0], procs[2]):
             assert p.wait(10) == 0
     finally:
         for p in procs:

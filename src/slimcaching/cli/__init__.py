@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from slimcaching.algorithms import SolverBug  # noqa: E402
 from slimcaching.cli import catalog, evaluate, experiment, keys, profile, runtime, scenario, serve, solve
-from slimcaching.cli.common import console
+from slimcaching.cli.common import QUIET, console
 from slimcaching.errors import ScenarioError, missing_extra_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -55,8 +55,11 @@ def _version(value: bool) -> None:
 def _main_options(
     show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print the version and exit.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, spinners or start-up lines "
+                                        "(results, warnings and errors still print).")] = False,
 ) -> None:
     """SlimCaching: edge caching of MoE experts for distributed inference."""
+    QUIET["on"] = quiet
 
 
 def usage_line(exc) -> str:

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from slimcaching.errors import ScenarioError
@@ -22,6 +23,30 @@ from slimcaching.scenario.plausible import plausibility_warnings
 _PAGE = {"width": 250, "soft_wrap": True}
 console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, **_PAGE)
 out = Console() if sys.stdout.isatty() else Console(**_PAGE)
+
+# --quiet: no progress (bars, spinners, start-up lines); results, warnings and errors still print
+QUIET = {"on": False}
+
+
+def show_progress() -> bool:
+    """Whether progress displays are wanted: stderr is a terminal and --quiet was not given."""
+    return console.is_terminal and not QUIET["on"]
+
+
+def note(msg: str) -> None:
+    """A progress line on stderr (node start-up, loading), dim; nothing with --quiet."""
+    if not QUIET["on"]:
+        console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def working(text: str) -> Iterator[None]:
+    """A spinner with the seconds so far while a long call runs (on a terminal, without --quiet)."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True, disable=not show_progress()) as progress:
+        progress.add_task(text, total=None)
+        yield
+
 
 ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]

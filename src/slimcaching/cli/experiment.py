@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from slimcaching.cli.common import console, flags, read_scenario
+from slimcaching.cli.common import console, flags, read_scenario, show_progress
 from slimcaching.errors import ScenarioError
 from slimcaching.experiments import EXPERIMENTS, run_experiment
 from slimcaching.experiments.plots import write_report
@@ -52,7 +52,7 @@ def experiment(
         read_scenario(scenario)
     # points done / total, elapsed and the estimate left; no bar in logs and pipes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, disable=not console.is_terminal) as progress:
+                  TimeRemainingColumn(), console=console, disable=not show_progress()) as progress:
         for n in names:
             task = progress.add_task(f"{n}", total=None)
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.progress import Progress
 
-from slimcaching.cli.common import console, flags, out, table
+from slimcaching.cli.common import console, flags, out, show_progress, table
 from slimcaching.errors import ScenarioError, printable
 from slimcaching.fileio import atomic_write, check_target
 from slimcaching.hf import RoutingTrace, profile_model, read_prompts
@@ -52,7 +52,7 @@ def profile(
         raise ScenarioError("--phases", "decode tokens need --generate N", phases)
     with flags(prompts="--prompts"):
         items = read_prompts(prompts, text_field)
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, disable=not show_progress()) as progress:
         task = progress.add_task("profiling", total=len(items))
 
         def report(done, total, tokens):

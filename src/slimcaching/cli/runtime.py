@@ -12,15 +12,33 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from slimcaching.cli.common import console, flags, ms, out
+from slimcaching.cli.common import console, flags, ms, note, out
+from slimcaching.cli.runtime_options import (  # shared with serve
+    BatchWaitOpt,
+    DeadlineOpt,
+    FloorOpt,
+    MaxBatchOpt,
+    ModelNameOpt,
+    ModelOpt,
+    ModelOverrideOpt,
+    NoEmuOpt,
+    PaceOpt,
+    PlacementOverrideOpt,
+    RayPlacementOpt,
+    RetryOpt,
+    ScenarioOverrideOpt,
+    ray_placement_of,
+)
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import write_json
 from slimcaching.hf import prompt_texts
 from slimcaching.runtime.calibrate import calibrate, calibration_rows, message_overhead
 from slimcaching.runtime.cluster import cluster_inputs, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
+from slimcaching.runtime.fallbacks import describe_fallback
 from slimcaching.runtime.session import (
     RunOptions,
     check_prompt_lengths,
@@ -28,48 +46,11 @@ from slimcaching.runtime.session import (
     parse_events,
     run_cluster,
     run_report,
+    run_rows,
 )
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 cluster_app = typer.Typer(no_args_is_help=True, help="Run a placement on a local cluster of processes.")
-
-ModelOpt = Annotated[Path, typer.Option("--model", help="Hugging Face model directory (safetensors).")]
-ModelNameOpt = Annotated[str | None, typer.Option("--model-name", help="Scenario model the directory runs "
-                                                  "(default: the one whose hf is this directory).")]
-PaceOpt = Annotated[bool, typer.Option("--pace", help="Pad compute to the scenario's roofline times.")]
-NoEmuOpt = Annotated[bool, typer.Option("--no-emulate", help="Raw network: no link emulation.")]
-# node and generate read these from the cluster file unless given
-ScenarioOverrideOpt = Annotated[str | None, typer.Option("--scenario", help="Scenario file (default: the cluster "
-                                                         "file's).")]
-PlacementOverrideOpt = Annotated[str | None, typer.Option("--placement", help="Placement file (default: the "
-                                                          "cluster file's).")]
-ModelOverrideOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the cluster "
-                                                      "file's).")]
-DeadlineOpt = Annotated[float, typer.Option("--deadline-factor", min=1.0,
-                                            help="A request's deadline: factor x predicted + floor.")]
-FloorOpt = Annotated[float, typer.Option("--deadline-floor", min=0.001, help="Seconds added to every deadline.")]
-RetryOpt = Annotated[float, typer.Option("--retry-after", min=0.0, help="Seconds before a dead node is tried "
-                                         "again.")]
-MaxBatchOpt = Annotated[int, typer.Option("--max-batch", min=1, max=8192, help="Rows one expert runs at once when "
-                                          "a node batches requests of several users (1: no batching).")]
-RayPlacementOpt = Annotated[Path | None, typer.Option("--ray-placement", help="With --launcher ray: a cluster "
-                                                      "file whose ray_placement puts each node on a Ray node by "
-                                                      "{host: NAME_OR_IP} or {resources: {NAME: AMOUNT}}.")]
-BatchWaitOpt = Annotated[float, typer.Option("--batch-wait", min=0.0, max=1.0, help="Seconds a batch's first request "
-                                             "waits for others (0: only those waiting anyway).")]
-
-
-def ray_placement_of(path: Path | None, launcher: str, nodes: list[str]) -> dict | None:
-    """The ``--ray-placement`` file's node placement (only with ``--launcher ray``)."""
-    if path is None:
-        return None
-    if launcher != "ray":
-        raise ScenarioError("--ray-placement", "only with --launcher ray", str(path))
-    from slimcaching.runtime.launch import read_ray_placement  # optional extra (runtime: pyzmq)
-
-    with flags(ray_placement="--ray-placement ray_placement"):
-        return read_ray_placement(path, nodes)
-
 
 def _cluster_inputs(cluster, scenario, placement, model, model_name):
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name"):
@@ -129,32 +110,12 @@ def cluster_run(
                       rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait, ray_placement=where)
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
-        report = run_cluster(opts, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+        report = run_cluster(opts, progress=note)
     if json_out is not None:
         write_json(json_out, report)
     t = Table("quantity", "value")
-    t.add_row("decoded tokens measured", str(len(report["per_token"])))
-    t.add_row("measured mean per token", ms(report["measured_mean_token_latency_s"]))
-    t.add_row("predicted mean per token", ms(report["predicted_mean_token_latency_s"]))
-    if report["ratio_median"] is not None:
-        t.add_row("measured / predicted (median, p10-p90)",
-                  f"{report['ratio_median']:.3f} ({report['ratio_p10']:.3f}-{report['ratio_p90']:.3f})")
-    if "tokens_identical" in report:
-        t.add_row("tokens identical to the model", "yes" if report["tokens_identical"] else "NO")
-        t.add_row("max |logit difference|", f"{report['max_abs_logit_diff']:.3g}")
-    for k, v in report["breakdown_mean_s"].items():
-        t.add_row(f"  {k.removesuffix('_s').replace('_', ' ')}", ms(v))
-    for n, st in report["nodes"].items():
-        rss = st.get("rss_bytes")
-        t.add_row(f"node {n}", f"{st['experts_held']} experts, RSS {rss / 2**20:.0f} MiB" if rss
-                  else f"{st['experts_held']} experts, not running")
-    if "load" in report:
-        ld = report["load"]
-        t.add_row("queueing per token: measured / simulated",
-                  f"{ms(ld['measured_mean_queue_s'])} / {ms(ld['simulated_queueing_s'])}")
-    nfb = len(report["fallbacks"]["devices"]) + sum(len(v) for v in report["fallbacks"]["nodes"].values())
-    if report["failures"] or nfb:
-        t.add_row("failures / fallbacks", f"{len(report['failures'])} / {nfb}")
+    for row in run_rows(report):
+        t.add_row(*row)
     out.print(t)
     if "tokens_identical" in report and not report["tokens_identical"]:
         raise typer.Exit(1)
@@ -200,7 +161,10 @@ def node_cmd(
     try:
         with flags(bind="--bind", metrics_port="--metrics-port"):
             run_node(ctx, name, bind or host, int(port), addrs, config,
-                     ready=lambda p, rss: print(f"READY {p} {rss}", flush=True), keyring=keyring,
+                     ready=lambda p, rss: print(f"node {name} ready: listening on {bind or host}:{p}, "
+                                                f"{len(ctx.layout.held[name])} experts, RSS {rss / 2**20:.0f} MiB "
+                                                "(Ctrl-C or 'slimcaching cluster stop' stops it)", flush=True),
+                     keyring=keyring,
                      metrics_port=metrics_port,
                      metrics_ready=lambda p: console.print(f"metrics on http://{bind or host}:{p}/metrics",
                                                            highlight=False, soft_wrap=True),
@@ -246,7 +210,9 @@ def generate_cmd(
     try:
         with flags(users="--users", prompts="--prompts", max_new_tokens="--max-new-tokens"):
             check_prompt_lengths(ctx.model_dir, texts, max_new_tokens)
-            session = device_session(ctx, user, texts, addrs, opts, keyring=keyring)
+            session = device_session(ctx, user, texts, addrs, opts, keyring=keyring,
+                                     on_fallback=lambda f: console.print(f"[yellow]{escape(describe_fallback(f))}[/]",
+                                                                         highlight=False, soft_wrap=True))
     except ClusterError as exc:
         raise ScenarioError("cluster", str(exc)) from None
     tok = AutoTokenizer.from_pretrained(str(ctx.model_dir))

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from slimcaching.cli.common import console, flags
-from slimcaching.cli.runtime import (
+from slimcaching.cli.common import console, flags, note
+from slimcaching.cli.runtime_options import (
     BatchWaitOpt,
     DeadlineOpt,
     FloorOpt,
@@ -81,5 +81,5 @@ def serve_cmd(
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),
-              progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+              progress=note)
     console.print("[dim]stopped: the server, the devices and every node it started[/]")

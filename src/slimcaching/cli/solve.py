@@ -9,12 +9,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from slimcaching.algorithms import algorithm_names, get_algorithm, solve
 from slimcaching.algorithms.co_local import co_activation_local_caches
 from slimcaching.bounds import certify
-from slimcaching.cli.common import ScenarioArg, console, out, parse_params, read_scenario, table, warn_implausible
+from slimcaching.cli.common import (
+    ScenarioArg,
+    console,
+    out,
+    parse_params,
+    read_scenario,
+    show_progress,
+    table,
+    warn_implausible,
+    working,
+)
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_latency
 from slimcaching.fileio import atomic_write, check_target
@@ -64,7 +74,8 @@ def solve_cmd(
     if co_local:
         sc = co_activation_local_caches(sc)
     problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
-    with console.status(f"solving with {spec.name} ..."):
+    limit = params.get("time_limit", spec.defaults.get("time_limit"))
+    with working(f"solving with {spec.name}" + (f" (time limit {float(limit):g} s)" if limit else "")):
         placement = solve(problem, spec.name, params)
     if co_local:
         placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
@@ -74,9 +85,13 @@ def solve_cmd(
                             bool(params.get("relax")))
     if bound:
         t0 = time.perf_counter()
-        with console.status("proving a lower bound ...") as status:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=not show_progress()) as progress:
+            task = progress.add_task("proving a lower bound", total=None)
+
             def step(text: str) -> None:  # which bound, and the time so far (a spinner on a terminal only)
-                status.update(f"proving a lower bound: {text} ({time.perf_counter() - t0:.0f} s so far)")
+                progress.update(task, description=f"proving a lower bound: {text} "
+                                                  f"({time.perf_counter() - t0:.0f} s so far)")
 
             summary += certify(problem, placement, latency, bound_time_limit, step)
     data = placement.to_dict(problem, latency)
@@ -102,7 +117,7 @@ def demo(
               f"({', '.join(f'{m.name} K={m.top_k}' for m in sc.models)}), {len(sc.servers)} servers, "
               f"{len(sc.users)} users ({len(problem.class_users)} classes), {problem.n_items} experts")
     rows = []
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, disable=not show_progress()) as progress:
         task = progress.add_task("solving", total=len(names))
         for name in names:
             progress.update(task, description=f"solving: {name}")

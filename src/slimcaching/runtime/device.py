@@ -27,6 +27,7 @@ from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.fallbacks import FallbackLog
 from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
@@ -110,7 +111,7 @@ class DeviceClient:
             rate, delay = layout.hop[(v, CLOUD)]
             self.backhauls[v] = Link(rate, delay) if emulate else Link(*inf)
         self.step: StepRecord | None = None
-        self.fallbacks: list[dict] = []
+        self.fallbacks: list[dict] = FallbackLog()
         self.late_replies = 0
         self.expert_seconds = 0.0  # time spent inside expert layers during the current forward
         for node in (self.home, CLOUD):  # connect early: the first request should not wait for TCP
@@ -181,6 +182,12 @@ class DeviceClient:
                     outputs[e] = tt.view(torch.bfloat16) if tag == "bfloat16" else tt
                     rec.route[e] = str(res.route.get(str(e), res.node))
                 rec.serialise_s += time.time() - ser0
+                for f in res.fallbacks[:8]:  # relays the node moved to another holder for us
+                    if isinstance(f, dict):
+                        moved = f.get("experts") if isinstance(f.get("experts"), list) else []
+                        to = res.route.get(str(moved[0])) if moved else None
+                        self.fallbacks.heard({"node": f.get("from"), "layer": layer, "by": res.node,
+                                              "reason": f.get("reason"), "to": to})
             timing = res.timing  # the last reply's (the layer waited for it)
             remote_timing = [r for r in (timing.get("remote") or {}).values() if isinstance(r, dict)] \
                 if isinstance(timing.get("remote"), dict) else []

@@ -11,6 +11,7 @@ transport, as ``slimcaching cluster status`` reads it.
 
 from __future__ import annotations
 
+import copy
 import math
 
 
@@ -156,8 +157,6 @@ class NodeCollector:
 def node_snapshot(node) -> dict | None:
     """A copy of a running node's status, taken from another thread (the node's loop may change its
     counters meanwhile: a copy that raced is taken again)."""
-    import copy
-
     for _ in range(10):
         try:
             return copy.deepcopy(node.status())

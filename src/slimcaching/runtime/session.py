@@ -32,6 +32,7 @@ from slimcaching.problem import build_problem
 from slimcaching.queueing import simulate_queueing
 from slimcaching.runtime.cluster import load_context
 from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.fallbacks import describe_fallback
 from slimcaching.scenario import WorkloadEntry
 
 BREAKDOWN = ("device_compute_s", "pace_pad_s", "access_s", "relay_s", "remote_compute_s", "queue_s",
@@ -121,11 +122,12 @@ class Device:
     for split-style serving the embedding and head) and its client to the cluster (with a
     :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
 
-    def __init__(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring=None):
+    def __init__(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring=None, on_fallback=None):
         from slimcaching.runtime.skeleton import LOAD_LOCK  # optional extra (hf)
 
         with LOAD_LOCK:  # several devices of one process (serve) load one at a time
             self._load(ctx, user, addresses, opts, keyring)
+        self.client.fallbacks.on_add = on_fallback  # hears of each fallback as it happens
 
     def _load(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring) -> None:
         import torch  # optional extra (hf)
@@ -187,13 +189,14 @@ class Device:
 
 
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
-                   counter=None, between_tokens=None, keyring=None) -> dict:
+                   counter=None, between_tokens=None, keyring=None, on_fallback=None) -> dict:
     """One user's device: load the dense part and local experts, generate every prompt (with a
-    :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
+    :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned;
+    ``on_fallback(entry)`` hears of each fallback as it happens)."""
     from slimcaching.runtime.node import rss_bytes  # optional extra (runtime: pyzmq)
 
     lay = ctx.layout
-    device = Device(ctx, user, addresses, opts, keyring)
+    device = Device(ctx, user, addresses, opts, keyring, on_fallback=on_fallback)
 
     def tick():
         if counter is not None:  # (shared array, this device's slot): no lock needed
@@ -336,7 +339,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
                 try:
                     sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts,
                                                (counter.slots, 0), between_tokens=chaos.due,
-                                               keyring=cluster.keyring(users[0]))]
+                                               keyring=cluster.keyring(users[0]),
+                                               on_fallback=lambda f: say(describe_fallback(f)))]
                 except ClusterError as exc:
                     raise ScenarioError("cluster", str(exc)) from None
             else:
@@ -483,3 +487,34 @@ def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> di
 def _mean(xs) -> float | None:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return float(sum(xs) / len(xs)) if xs else None
+
+
+def run_rows(report: dict) -> list[tuple[str, str]]:
+    """The (quantity, value) rows ``cluster run`` prints for a run's report."""
+
+    def ms(x) -> str:
+        return "-" if x is None else f"{1000 * x:.3f} ms"
+
+    rows = [("decoded tokens measured", str(len(report["per_token"]))),
+            ("measured mean per token", ms(report["measured_mean_token_latency_s"])),
+            ("predicted mean per token", ms(report["predicted_mean_token_latency_s"]))]
+    if report["ratio_median"] is not None:
+        rows.append(("measured / predicted (median, p10-p90)",
+                     f"{report['ratio_median']:.3f} ({report['ratio_p10']:.3f}-{report['ratio_p90']:.3f})"))
+    if "tokens_identical" in report:
+        rows.append(("tokens identical to the model", "yes" if report["tokens_identical"] else "NO"))
+        rows.append(("max |logit difference|", f"{report['max_abs_logit_diff']:.3g}"))
+    for k, v in report["breakdown_mean_s"].items():
+        rows.append((f"  {k.removesuffix('_s').replace('_', ' ')}", ms(v)))
+    for n, st in report["nodes"].items():
+        rss = st.get("rss_bytes")
+        rows.append((f"node {n}", f"{st['experts_held']} experts, RSS {rss / 2**20:.0f} MiB" if rss
+                     else f"{st['experts_held']} experts, not running"))
+    if "load" in report:
+        ld = report["load"]
+        rows.append(("queueing per token: measured / simulated",
+                     f"{ms(ld['measured_mean_queue_s'])} / {ms(ld['simulated_queueing_s'])}"))
+    nfb = len(report["fallbacks"]["devices"]) + sum(len(v) for v in report["fallbacks"]["nodes"].values())
+    if report["failures"] or nfb:
+        rows.append(("failures / fallbacks", f"{len(report['failures'])} / {nfb}"))
+    return rows

@@ -39,6 +39,7 @@ from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.fallbacks import FallbackLog
 from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
@@ -453,7 +454,7 @@ class SplitClient:
         self.socks: dict[str, zmq.Socket] = {}
         self.ids = itertools.count(1)
         self.dead_until: dict[str, float] = {}
-        self.fallbacks: list[dict] = []
+        self.fallbacks: list[dict] = FallbackLog()
         self.late_replies = 0
         inf = (float("inf"), 0.0)
         self.uplinks, self.backhauls = {}, {}  # per server the radio reaches (the home first)
