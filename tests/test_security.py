@@ -372,7 +372,7 @@ def test_an_exception_in_a_handler_is_answered_and_survived(setup, monkeypatch):
     ctx = setup[0]
     with thread_cluster(ctx) as (servers, addrs):
         ex = servers["e0"].executor
-        real = ex.run
+        real = ex.run_batch  # what every request's compute goes through, batched or not
         calls = {"n": 0}
 
         def broken(*a, **kw):
@@ -381,7 +381,7 @@ def test_an_exception_in_a_handler_is_answered_and_survived(setup, monkeypatch):
                 raise RuntimeError("contraction dimension must match")
             return real(*a, **kw)
 
-        monkeypatch.setattr(ex, "run", broken)
+        monkeypatch.setattr(ex, "run_batch", broken)
         s = _client(addrs["e0"])
         try:
             reply = _ask(s, _valid(ctx, "e0")[0])
