@@ -107,6 +107,7 @@ class PlacementIn(BaseModel):
     bound_seconds: Annotated[_Finite, Field(ge=0)] | None = None
     u_shaped: dict[StrictStr, Any] | None = None
     architectures: dict[StrictStr, Any] | None = None
+    migration: dict[StrictStr, Any] | None = None  # replan: what moving from the old placement cost
 
 
 def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -> Placement:

@@ -34,6 +34,8 @@ its work budget.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from slimcaching.algorithms import Param, register
@@ -118,6 +120,23 @@ def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float,
     return -passes
 
 
+def _replan_kicks(problem: Problem, dec: Decomposition):
+    """Re-planning's extra kicks, coordinated moves that single-server kicks miss: move a held
+    expert to another server, free ones first (a server that held it before: no move cost); and
+    for each expert several servers hold, keep it at one holder and forbid it at the others."""
+    x, cost = dec.x, dec.move_cost
+    fits = problem.item_size[None, :] <= problem.capacity[:, None]
+    for free in (True, False):
+        for a, i in zip(*np.nonzero(x)):
+            for b in range(problem.n_servers):
+                if b != a and not x[b, i] and fits[b, i] and ((cost[b, i] == 0) == free):
+                    yield "move", [(int(a), np.array([i])), (int(b), np.array([i]))]
+    for i in np.nonzero(x.sum(axis=0) >= 2)[0]:
+        holders = np.nonzero(x[:, i])[0]
+        for keep in holders:
+            yield "forbid", [(int(n), np.array([i])) for n in holders if n != keep]
+
+
 def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
     """The large neighbourhood of the polish: per server, forbid its whole cache, each model, each
     (model, layer) and each expert it caches; force each expert it does not cache (most popular
@@ -182,7 +201,7 @@ def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
 
 
 def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float, sweep_work: float, fast: bool,
-            exact_budget: float, beam_width: int, max_units: int) -> dict:
+            exact_budget: float, beam_width: int, max_units: int, objective=None, accept_kicked: bool = False) -> dict:
     """Large-neighbourhood local search on the true objective (beyond the paper).
 
     A *kick* forbids some experts at one server (its whole cache, a model, a (model, layer), one
@@ -194,15 +213,21 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
     co-activation sets split across servers, which single-server best responses cannot.
     Stops when no kick improves, or once its work (table and DP cells, ``dec.stats["work"]``)
     would exceed ``budget`` (a kick is estimated at ``sweep_work``, the work of one sweep, until
-    kicks have been measured): deterministic, unlike a time limit."""
-    best = problem.objective(dec.x)
+    kicks have been measured): deterministic, unlike a time limit. ``objective(x)``: what is
+    minimised (default: the latency; with move costs, the latency plus them). ``accept_kicked``:
+    the placement reached with the kick in place is a candidate too (re-planning: with move
+    costs, lifting a kick often undoes the coordinated moves it made)."""
+    objective = objective or problem.objective
+    best = objective(dec.x)
     kicks = improvements = 0
     start = dec.stats["work"]
     per_kick = sweep_work  # estimate of a kick's work until kicks have been measured
     exhausted = False
     while not exhausted:
         improved = False
-        for kind, assignment in _kicks(problem, dec, seq):
+        kicks_now = itertools.chain(_replan_kicks(problem, dec), _kicks(problem, dec, seq)) if accept_kicked \
+            else _kicks(problem, dec, seq)
+        for kind, assignment in kicks_now:
             used = dec.stats["work"] - start
             if kicks:
                 per_kick = used / kicks
@@ -216,8 +241,13 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
                 mask[n, items] = True
             if kind == "force":
                 dec.force = mask
-            else:
+            elif kind == "forbid":
                 dec.forbid = mask
+            else:  # "move": forbid at the first server, force at the second
+                (a, items), (b, _) = assignment
+                dec.forbid, dec.force = problem.empty_placement(), problem.empty_placement()
+                dec.forbid[a, items] = True
+                dec.force[b, items] = True
             for n, items in assignment:
                 dec.drop_tables(n, items)
             for n, _ in assignment:
@@ -226,11 +256,16 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
             for n, _ in assignment:
                 dec.dirty[n] = False
             _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
+            kicked = (objective(dec.x), dec.snapshot()) if accept_kicked else None
             dec.force = dec.forbid = None
             for n, items in assignment:
                 dec.drop_tables(n, items)
             _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, 50)
-            obj = problem.objective(dec.x)
+            obj = objective(dec.x)
+            if kicked is not None and kicked[0] < obj:  # the kicked placement itself is the better one
+                obj = kicked[0]
+                dec.restore(kicked[1])
+                dec.dirty[:] = True
             if obj < best * (1 - 1e-12):
                 best, improved = obj, True
                 improvements += 1
@@ -247,38 +282,55 @@ BASELINE_STARTS = {"greedy": greedy_blind, "lfu": lfu}
 
 def successive_decomposition(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
                              max_units: int, polish: float = 0.0, work_budget: float = float("inf"),
-                             starts: str = "") -> Placement:
+                             starts: str = "", initial: np.ndarray | None = None,
+                             move_cost: np.ndarray | None = None, extra_starts: dict | None = None) -> Placement:
     """Sweeps over the servers until one changes no cache (at most ``passes``), then the polish.
 
     With exact tables and an exact capacity grid each step is a best response, and a sweep
     without change certifies a server-wise local optimum: no single server can lower the latency
     by changing its cache. ``starts``: comma-separated baselines (``greedy``, ``lfu``) whose
     placements also start sweeps when they beat the result; the best placement is kept, so the
-    result is never worse than any of them."""
+    result is never worse than any of them.
+
+    Re-planning (:mod:`slimcaching.algorithms.replan`): ``initial`` is the first start instead of
+    the empty placement, ``move_cost`` [N, I] (seconds per token) an additive cost of holding each
+    item, minimised together with the latency, and ``extra_starts`` more named start placements."""
     seq = server_order(problem, order)
     names = [s.strip() for s in starts.split(",") if s.strip()]
     for name in names:
         if name not in BASELINE_STARTS:
             raise ScenarioError("starts", f"expected names among {', '.join(BASELINE_STARTS)}", name)
-    dec = Decomposition(problem)
+
+    def objective(x: np.ndarray) -> float:
+        return problem.objective(x) + (float(move_cost[x].sum()) if move_cost is not None else 0.0)
+
+    def decomposition(x0: np.ndarray | None) -> Decomposition:
+        d = Decomposition(problem, x0)
+        d.move_cost = move_cost
+        return d
+
+    dec = decomposition(initial)
     sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget)
     start_used = None
-    for name in names:
-        x0 = BASELINE_STARTS[name](problem).x
-        if problem.objective(x0) < problem.objective(dec.x) - 1e-15:
-            alt = Decomposition(problem, x0)
+    alternatives = [(name, lambda name=name: BASELINE_STARTS[name](problem).x) for name in names]
+    alternatives += [(name, lambda x0=x0: x0) for name, x0 in (extra_starts or {}).items()]
+    for name, make in alternatives:
+        x0 = make()
+        if objective(x0) < objective(dec.x) - 1e-15:
+            alt = decomposition(x0)
             alt.stats["work"] += dec.stats["work"]
             alt_sweeps = _sweeps(alt, seq, fast, exact_budget, beam_width, max_units, passes, work_budget)
-            if problem.objective(alt.x) < problem.objective(dec.x):
+            if objective(alt.x) < objective(dec.x):
                 dec, sweeps, start_used = alt, alt_sweeps, name
     polish = min(polish, max(0.0, work_budget - dec.stats["work"]))
     params = {"order": [problem.server_names[s] for s in seq], "passes_run": abs(sweeps),
-              "converged": sweeps > 0, "start": start_used or "empty"}
-    history = [problem.objective(dec.x)]
+              "converged": sweeps > 0, "start": start_used or ("empty" if initial is None else "initial")}
+    history = [objective(dec.x)]
     if polish > 0:
         sweep_work = dec.stats["work"] / max(1, abs(sweeps))
-        params["polish"] = _polish(problem, dec, seq, polish, sweep_work, fast, exact_budget, beam_width, max_units)
-        history.append(problem.objective(dec.x))
+        params["polish"] = _polish(problem, dec, seq, polish, sweep_work, fast, exact_budget, beam_width, max_units,
+                                   objective, accept_kicked=move_cost is not None)
+        history.append(objective(dec.x))
     stats = dec.stats
     all_exact = stats["exact_groups"] == stats["groups"]
     params.update({

@@ -39,6 +39,20 @@ class _Entry:
     inputs: np.ndarray | None = None  # remote costs without n for the homes n reaches: all the table depends on
 
 
+def charged_table(table: ValueTable, cost: np.ndarray) -> ValueTable:
+    """An approximate table with an additive item cost taken off each choice: V(k) - cost(choice),
+    then the best of sizes <= k (a smaller choice fits wherever a larger one does)."""
+    vals = np.array([v - float(cost[c].sum()) for v, c in zip(table.values, table.choice)])
+    values, choice = np.zeros(len(vals)), []
+    cur_v, cur_c = 0.0, table.choice[0][:0]
+    for k, (v, c) in enumerate(zip(vals, table.choice)):
+        if v > cur_v + 1e-18:
+            cur_v, cur_c = v, c
+        values[k] = cur_v
+        choice.append(cur_c)
+    return ValueTable(values, choice, False, table.method + "+move costs")
+
+
 class Decomposition:
     """Groups, reach and cached tables of a compact problem, for a placement that changes one
     server at a time through :meth:`set_cache`."""
@@ -73,6 +87,9 @@ class Decomposition:
         self.reach = np.transpose(p.holder_cost, (1, 0, 2)) < p.cloud_cost[None, :, :]
         self.version = np.zeros(ng, np.int64)
         self._clock = 0  # versions are never reused, so cached entries stay valid across restores
+        # [N, I] objective units (s per token): the cost of a server's holding an item, additive per
+        # item (migration: what adding a copy costs, 0 for copies held already); None: free
+        self.move_cost: np.ndarray | None = None
         self.force: np.ndarray | None = None  # [N, I] bool: items a server must keep (kicks)
         self.forbid: np.ndarray | None = None  # [N, I] bool: items a server may not take (kicks)
         self.dirty = np.ones(ns, bool)  # False: nothing n's best response depends on changed since
@@ -124,10 +141,24 @@ class Decomposition:
     def group_problem(self, g: int, n: int, exact_budget: float = float("inf")):
         """The group problem of server n for group g (others' caches as in ``x``), or None when no
         row can gain from n: in prefix form when its exact table (the zeta transform) fits
-        ``exact_budget``, else as pattern tables (or rows, for large K) for the approximations."""
+        ``exact_budget``, else as pattern tables (or rows, for large K) for the approximations.
+        With ``move_cost`` a prefix-form group carries each candidate's cost as one more row whose
+        only coefficient is on that candidate alone (an additive cost's Moebius form), so exact
+        tables and values include it."""
         if self.kernels is not None:
-            return self._group_problem_compiled(g, n, exact_budget, self.kernels)
-        return self._group_problem_numpy(g, n, exact_budget)
+            gp = self._group_problem_compiled(g, n, exact_budget, self.kernels)
+        else:
+            gp = self._group_problem_numpy(g, n, exact_budget)
+        if self.move_cost is not None and isinstance(gp, PrefixGroup):
+            cost = self.move_cost[n, gp.experts]
+            j = np.nonzero(cost > 0)[0]
+            if len(j):
+                k = gp.masks.shape[1]
+                masks = np.repeat((np.int64(1) << j.astype(np.int64))[:, None], k, axis=1)
+                coefs = np.zeros((len(j), k))
+                coefs[:, 0] = -cost[j]
+                gp = PrefixGroup(gp.experts, np.concatenate([gp.masks, masks]), np.concatenate([gp.coefs, coefs]))
+        return gp
 
     def _group_problem_numpy(self, g: int, n: int, exact_budget: float):
         """:meth:`group_problem` in numpy (the reference for the compiled kernels)."""
@@ -238,6 +269,8 @@ class Decomposition:
                     kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
                     table = value_table(gp, kmax, exact_budget, beam_width=beam_width,
                                         completions=8 if fast else 32, kernels=self.kernels)
+                    if self.move_cost is not None and not isinstance(gp, PrefixGroup):
+                        table = charged_table(table, self.move_cost[n])
                     self.stats["work"] += zeta_work(gp)
                     method = "exact" if table.exact else table.method
                     self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
@@ -245,6 +278,8 @@ class Decomposition:
                     self.stats["exact_groups"] += int(table.exact)
                     mask = self.x[n, gp.experts]
                     held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
+                    if self.move_cost is not None and not isinstance(gp, PrefixGroup):
+                        held -= float(self.move_cost[n, gp.experts[mask]].sum())
                 ent = _Entry(int(self.version[g]), table, held, inputs)
                 self.entries[(n, g)] = ent
             if ent.table is not None:

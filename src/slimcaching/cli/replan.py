@@ -1,0 +1,84 @@
+"""``slimcaching replan``: a new placement from the current one, weighing migration against gain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slimcaching.algorithms.replan import ALGORITHMS, replan, replan_bound
+from slimcaching.cli.common import ScenarioArg, console, flags, read_scenario, warn_implausible, working
+from slimcaching.errors import ScenarioError
+from slimcaching.fileio import atomic_write, check_target
+from slimcaching.migration import migration_summary, move_costs
+from slimcaching.placement import load_placement
+from slimcaching.problem import build_problem
+from slimcaching.units import format_bytes, parse_quantity
+
+app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
+
+
+@app.command("replan")
+def replan_cmd(
+    scenario: ScenarioArg,
+    old: Annotated[Path, typer.Option("--from", help="The current placement (JSON).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the new placement.")],
+    horizon: Annotated[float | None, typer.Option("--horizon", help="Tokens (all users together) the new placement "
+                                                  "will serve; default: one hour at the scenario's rates.")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", help="Bytes the migration may move at most "
+                                               "(\"200 MB\"); 0 keeps the current placement.")] = None,
+    algorithm: Annotated[str, typer.Option("--algorithm", "-a", help=f"One of {', '.join(ALGORITHMS)}.")]
+    = "slimcaching",
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for exact's MILP.")] = 60.0,
+    bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the objective (the LP "
+                                        "relaxation with the move costs).")] = False,
+    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", min=0.001, help="Seconds for "
+                                                    "--bound.")] = 600.0,
+) -> None:
+    """Re-plan the edge caches for a horizon: lower latency against the cost of moving experts
+    (docs/model.md, "Migration and re-planning"); the new file is an ordinary placement."""
+    if algorithm not in ALGORITHMS:
+        raise ScenarioError("--algorithm", f"replan supports {', '.join(ALGORITHMS)}", algorithm)
+    cap = None if budget is None else parse_quantity(budget, "bytes", "--budget")
+    if cap is not None and cap < 0:
+        raise ScenarioError("--budget", "must be >= 0 bytes", budget)
+    if horizon is not None and not (horizon >= 1 and horizon < float("inf")):
+        raise ScenarioError("--horizon", "must be a number of tokens >= 1", horizon)
+    check_target(output, "--output")
+    sc = read_scenario(scenario)
+    warn_implausible(sc)
+    problem = build_problem(sc, merge_rows=True)
+    with flags(placement="--from"):
+        current = load_placement(old, problem)
+    if current.latency_model != "slimcaching" or current.dense is not None and current.dense.any():
+        raise ScenarioError("--from", "replan moves edge experts of SlimCaching-style placements only (this one "
+                            f"is {current.latency_model!r} with dense parts)", str(old))
+    h = horizon if horizon is not None else 3600.0 * problem.total_rate
+    costs = move_costs(problem, current.x)
+    with working(f"re-planning with {algorithm} for {h:.3g} tokens"):
+        pl = replan(problem, current.x, h, cap, algorithm, time_limit, costs=costs)
+    mig = migration_summary(problem, costs, current.x, pl.x)
+    info = pl.info.pop("replan")
+    mig.update(info)
+    lb = None
+    if bound:
+        with working("proving a lower bound (LP relaxation with the move costs)"):
+            lb = replan_bound(problem, current.x, costs, h, cap, bound_time_limit)
+        mig["lower_bound_token_s"] = lb
+    t_old, t_new = problem.objective(current.x), problem.objective(pl.x)
+    mig["mean_token_latency_before_s"] = t_old
+    data = pl.to_dict(problem, t_new)
+    data["migration"] = mig
+    atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    line = (f"replan ({algorithm}, horizon {h:.3g} tokens): {t_old * 1e3:.3f} -> {t_new * 1e3:.3f} ms per token; "
+            f"moves {mig['copies_added']} copies, {format_bytes(mig['bytes_moved'])} in {mig['seconds']:.2f} s "
+            f"(impact {mig['impact_token_s']:.4g} token-s); objective {mig['objective_token_s']:.6g} token-s "
+            f"(staying: {mig['old_objective_token_s']:.6g})")
+    if lb is not None:
+        gap = (mig["objective_token_s"] - lb) / max(abs(mig["objective_token_s"]), 1e-300)
+        line += f"; lower bound {lb:.6g} (within {gap:.2%})"
+    if info.get("status"):
+        line += f"; MILP {info['status']}"
+    console.print(f"{line}; wrote {output}", highlight=False, soft_wrap=True)
