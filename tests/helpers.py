@@ -154,8 +154,8 @@ def placement_sets(problem, x) -> dict[str, set]:
     return {s: {problem.item_key(i) for i in np.nonzero(x[n])[0]} for n, s in enumerate(problem.server_names)}
 
 
-def brute_force(problem):
-    """Optimal placement by enumerating every feasible placement (tiny instances only)."""
+def feasible_placements(problem):
+    """Every placement within the capacities (tiny instances only)."""
     per_server = []
     for n in range(problem.n_servers):
         opts = []
@@ -164,11 +164,13 @@ def brute_force(problem):
             if m @ problem.item_size <= problem.capacity[n] + 1e-6:
                 opts.append(m)
         per_server.append(opts)
-    best = np.inf
     for combo in itertools.product(*per_server):
-        x = np.array(combo)
-        best = min(best, problem.objective(x))
-    return best
+        yield np.array(combo)
+
+
+def brute_force(problem):
+    """Optimal placement by enumerating every feasible placement (tiny instances only)."""
+    return min(problem.objective(x) for x in feasible_placements(problem))
 
 
 def _dist(sc, bits):

@@ -4,13 +4,12 @@ instances), budgets, the long-horizon limit (solve from scratch), the LP bound, 
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
 import pytest
 
-from helpers import tiny_scenario_dict
+from helpers import feasible_placements, tiny_scenario_dict
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.replan import fit_capacity, replan, replan_bound
 from slimcaching.cli import main
@@ -64,21 +63,8 @@ def test_move_costs_follow_the_links():
 
 
 def _brute_force_j(problem, old, costs, horizon, budget=None):
-    per_server = []
-    for n in range(problem.n_servers):
-        opts = []
-        for mask in itertools.product([False, True], repeat=problem.n_items):
-            m = np.array(mask)
-            if m @ problem.item_size <= problem.capacity[n] + 1e-6:
-                opts.append(m)
-        per_server.append(opts)
-    best = np.inf
-    for combo in itertools.product(*per_server):
-        x = np.array(combo)
-        if budget is not None and costs.bytes[np.nonzero(x & ~old)[1]].sum() > budget + 1e-6:
-            continue
-        best = min(best, replan_objective(problem, x, old, costs, horizon))
-    return best
+    return min(replan_objective(problem, x, old, costs, horizon) for x in feasible_placements(problem)
+               if budget is None or costs.bytes[np.nonzero(x & ~old)[1]].sum() <= budget + 1e-6)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
