@@ -324,3 +324,38 @@ def test_outputs_honour_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600
+
+
+def test_phases_resolve_validate_and_round_trip(tmp_path):
+    from slimcaching.scenario import canonical_dict, resolve_scenario, scenario_at_phase
+
+    data = tiny_scenario_dict(4, users=3)
+    m = data["models"][0]["name"]
+    other = next(p for p, v in data["profiles"].items() if v["model"] == m and p.endswith("t1"))
+    data["phases"] = [{"name": "calm", "tokens": 100},
+                      {"tokens": 200, "changes": [{"users": ["u0", "u2"],
+                                                   "workload": [{"model": m, "weight": 1, "profile": other}]}]}]
+    sc = resolve_scenario(data)
+    assert [(ph.name, ph.tokens) for ph in sc.phases] == [("calm", 100), ("phase1", 200)]
+    at1 = scenario_at_phase(sc, 1)
+    assert [w.profile for w in at1.users[0].workload] == [other] and at1.users[1] is sc.users[1]
+    assert scenario_at_phase(sc, 0).users == sc.users
+    again = resolve_scenario(canonical_dict(sc))
+    assert [(ph.name, ph.tokens, ph.changes) for ph in again.phases] == [(ph.name, ph.tokens, ph.changes)
+                                                                          for ph in sc.phases]
+    wl = [{"model": m, "weight": 1, "profile": other}]
+    bad = [({"tokens": 0}, "phases[0].tokens"),
+           ({"tokens": 5, "changes": [{"workload": wl}]}, "phases[0].changes[0]"),
+           ({"tokens": 5, "changes": [{"users": ["nobody"], "workload": wl}]}, "phases[0].changes[0].users"),
+           ({"tokens": 5, "changes": [{"groups": ["g"], "workload": wl}]}, "phases[0].changes[0].groups"),
+           ({"tokens": 5, "changes": [{"users": ["u0"], "workload": [dict(wl[0], weight=0.4)]}]},
+            "phases[0].changes[0].workload"),
+           ({"tokens": 5, "changes": [{"users": ["u0"], "workload": [dict(wl[0], profile="nope")]}]},
+            "phases[0].changes[0].workload[0].profile"),
+           ({"tokens": 5, "changes": [{"users": ["u0"], "workload": wl}, {"users": ["u0"], "workload": wl}]},
+            "phases[0].changes[1]"),
+           ({"tokens": 5, "chnges": []}, "phases[0].chnges")]
+    for phase, field in bad:
+        with pytest.raises(ScenarioError) as exc:
+            resolve_scenario(dict(data, phases=[phase]))
+        assert exc.value.field == field, (field, str(exc.value))

@@ -29,8 +29,9 @@ def validate(scenario: ScenarioArg = "default") -> None:
             console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     warn_implausible(sc)
+    drift = (f", {len(sc.phases)} phases over {sum(ph.tokens for ph in sc.phases)} tokens" if sc.phases else "")
     out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
-              f"{len(sc.users)} users, {len(sc.profiles)} profiles")
+              f"{len(sc.users)} users, {len(sc.profiles)} profiles{drift}")
 
 
 @app.command()

@@ -24,11 +24,22 @@ from slimcaching.scenario.resolve import (
     resolve_scenario,
 )
 from slimcaching.scenario.schema import MODEL_FIELDS, SCENARIO_FORMAT, pydantic_error
-from slimcaching.scenario.types import Cloud, Link, Model, Reach, Scenario, Server, User, WorkloadEntry
+from slimcaching.scenario.types import (
+    Cloud,
+    Link,
+    Model,
+    Phase,
+    Reach,
+    Scenario,
+    Server,
+    User,
+    WorkloadEntry,
+    scenario_at_phase,
+)
 
 __all__ = [
-    "MAX_DERIVED_SECONDS", "MODEL_FIELDS", "SCENARIO_FORMAT", "Cloud", "Link", "Model", "Reach", "Scenario",
+    "MAX_DERIVED_SECONDS", "MODEL_FIELDS", "SCENARIO_FORMAT", "Cloud", "Link", "Model", "Phase", "Reach", "Scenario",
     "ScenarioErrors", "Server", "User", "WorkloadEntry", "canonical_dict", "canonical_json", "check_local_cache",
     "lfu_local_cache", "load_scenario", "pydantic_error", "resolve_local_caches", "resolve_scenario",
-    "user_marginals",
+    "scenario_at_phase", "user_marginals",
 ]

@@ -70,6 +70,12 @@ def canonical_dict(sc: Scenario) -> dict:
                  "message_overhead_s": _overhead(u.message_overhead_s)})
             for u in sc.users
         ],
+        **({"phases": [
+            {"name": ph.name, "tokens": int(ph.tokens),
+             "changes": [{"users": [u for u in ph.changes if ph.changes[u] == wl],
+                          "workload": [{"model": w.model, "weight": _num(w.weight), "profile": w.profile} for w in wl]}
+                         for wl in dict.fromkeys(ph.changes.values())]}
+            for ph in sc.phases]} if sc.phases else {}),
     }
 
 

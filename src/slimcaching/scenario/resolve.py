@@ -22,7 +22,7 @@ from slimcaching.model_dir import model_numbers
 from slimcaching.presets import resolve_preset
 from slimcaching.profiles import Profile, synthetic_profile
 from slimcaching.scenario.schema import MODEL_FIELDS, ModelIn, ScenarioIn, SyntheticIn, UserFields, pydantic_error
-from slimcaching.scenario.types import Cloud, Link, Model, Reach, Scenario, Server, User, WorkloadEntry
+from slimcaching.scenario.types import Cloud, Link, Model, Phase, Reach, Scenario, Server, User, WorkloadEntry
 
 
 def load_scenario(source: str | Path | dict | None = None) -> Scenario:
@@ -182,11 +182,69 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
                                                     "lists a server that is also a member's home", h))
         start += g.count if (g.homes == "all" and servers) or (g.homes != "all" and g.homes) else 0
     col.raise_if_any()
+    phases = col.run(_resolve_phases, sin, users, mby, profiles, base_dir) or []
+    col.raise_if_any()
     sc = Scenario(models, Cloud(sin.cloud.flops, sin.cloud.mem_bandwidth, sin.cloud.message_overhead_s), servers,
                   links, users,
-                  profiles, sin.local_policy, sin.name)
+                  profiles, sin.local_policy, sin.name, phases)
     _check_finite_latencies(sc, sin)
     return sc
+
+
+def _resolve_phases(sin: ScenarioIn, users: list[User], mby: dict, profiles: dict, base_dir: Path) -> list[Phase]:
+    """The phases of a drifting workload, each change's users named (groups expanded) and its
+    workload checked like a user's (models, profiles of that model, weights summing to 1)."""
+    names = {u.name for u in users}
+    groups: dict[str, list[str]] = {}
+    start = len(sin.users)
+    for g in sin.user_groups:
+        members = [u.name for u in users[start:start + g.count]]
+        groups.setdefault(g.prefix, []).extend(members)
+        start += len(members)
+    out, seen = [], set()
+    for k, ph in enumerate(sin.phases):
+        name = ph.name or f"phase{k}"
+        if name in seen:
+            raise ScenarioError(f"phases[{k}].name", "listed twice", name)
+        seen.add(name)
+        changes: dict[str, tuple[WorkloadEntry, ...]] = {}
+        for c, ch in enumerate(ph.changes):
+            where = f"phases[{k}].changes[{c}]"
+            if not ch.users and not ch.groups:
+                raise ScenarioError(where, "name the users or the groups whose workload changes")
+            who = []
+            for u in ch.users:
+                if u not in names:
+                    raise ScenarioError(f"{where}.users", "unknown user", u)
+                who.append(u)
+            for g in ch.groups:
+                if g not in groups:
+                    raise ScenarioError(f"{where}.groups", f"unknown user group prefix (groups: "
+                                        f"{', '.join(groups) or 'none'})", g)
+                who.extend(groups[g])
+            total = 0.0
+            for j, w in enumerate(ch.workload):
+                if w.model not in mby:
+                    raise ScenarioError(f"{where}.workload[{j}].model", "unknown model", w.model)
+                if w.profile not in profiles:
+                    if w.profile.endswith((".json", ".npz")):
+                        profiles[w.profile] = _resolve_profile(w.profile, {"file": w.profile}, mby, base_dir)
+                    else:
+                        raise ScenarioError(f"{where}.workload[{j}].profile", "unknown profile", w.profile)
+                if profiles[w.profile].model != w.model:
+                    raise ScenarioError(f"{where}.workload[{j}].profile",
+                                        f"profile is for model {profiles[w.profile].model!r}, not {w.model!r}",
+                                        w.profile)
+                total += w.weight
+            if abs(total - 1.0) > 1e-6:
+                raise ScenarioError(f"{where}.workload", f"weights sum to {total!r}, not 1")
+            entries = tuple(WorkloadEntry(w.model, w.weight, w.profile) for w in ch.workload)
+            for u in who:
+                if u in changes:
+                    raise ScenarioError(where, "changes a user that an earlier change of this phase changes", u)
+                changes[u] = entries
+        out.append(Phase(name, int(ph.tokens), changes))
+    return out
 
 
 MAX_DERIVED_SECONDS = 1e9  # ~32 years: a time beyond this is a unit mistake, and sums of them overflow

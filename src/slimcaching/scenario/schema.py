@@ -163,6 +163,22 @@ class SyntheticIn(_Strict):
     noise: float = Field(default=0.7, gt=0, allow_inf_nan=False)
 
 
+class PhaseChangeIn(_Strict):
+    """In one phase, the workload some users (by name) or user groups (by prefix) request instead."""
+
+    users: list[Ref] = Field(default_factory=list)
+    groups: list[Ref] = Field(default_factory=list)
+    workload: list[WorkloadIn] = Field(min_length=1)
+
+
+class PhaseIn(_Strict):
+    """A phase of a drifting workload: ``tokens`` tokens (all users together) with ``changes``."""
+
+    name: Name | None = None
+    tokens: Count
+    changes: list[PhaseChangeIn] = Field(default_factory=list)
+
+
 class ScenarioIn(_Strict):
     """A whole scenario file."""
 
@@ -176,6 +192,7 @@ class ScenarioIn(_Strict):
     profiles: dict[Ref, dict] = Field(default_factory=dict)
     users: list[UserIn] = Field(default_factory=list)
     user_groups: list[UserGroupIn] = Field(default_factory=list)
+    phases: list[PhaseIn] = Field(default_factory=list)
 
 
 def format_loc(loc: tuple) -> str:

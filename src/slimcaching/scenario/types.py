@@ -6,6 +6,8 @@ validation happens here: a value in these classes has passed :mod:`slimcaching.s
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 from slimcaching.profiles import Profile
@@ -97,6 +99,16 @@ class User:
     message_overhead_s: float = 0.0  # o of the device: software time per message sent or received
 
 
+@dataclass(frozen=True)
+class Phase:
+    """A phase of a drifting workload: ``tokens`` tokens (all users together), during which each
+    user of ``changes`` requests the workload given there instead of its own (docs/scenario.md)."""
+
+    name: str
+    tokens: int
+    changes: dict[str, tuple[WorkloadEntry, ...]]  # user -> its workload in this phase
+
+
 @dataclass
 class Scenario:
     """A resolved scenario: every number in SI units, profiles loaded."""
@@ -109,6 +121,7 @@ class Scenario:
     profiles: dict[str, Profile]
     local_policy: str = "lfu"
     name: str = "scenario"
+    phases: list[Phase] = field(default_factory=list)  # a drifting workload over time (empty: none)
     _index: dict = field(default_factory=dict, repr=False)
 
     def model(self, name: str) -> Model:
@@ -127,3 +140,12 @@ class Scenario:
     @property
     def server_index(self) -> dict[str, int]:
         return {s.name: i for i, s in enumerate(self.servers)}
+
+
+def scenario_at_phase(sc: Scenario, k: int) -> Scenario:
+    """The scenario as it is during phase ``k``: every user of the phase's changes with that workload."""
+    changes = sc.phases[k].changes
+    out = copy.copy(sc)
+    out._index = {}
+    out.users = [dataclasses.replace(u, workload=list(changes[u.name])) if u.name in changes else u for u in sc.users]
+    return out
