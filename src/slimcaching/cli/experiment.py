@@ -18,6 +18,7 @@ from rich.progress import (
 from slimcaching.cli.common import console, flags, read_scenario, show_progress
 from slimcaching.errors import ScenarioError
 from slimcaching.experiments import EXPERIMENTS, run_experiment
+from slimcaching.experiments.drift import run_drift
 from slimcaching.experiments.plots import write_report
 from slimcaching.experiments.runner import EXECUTORS
 
@@ -40,10 +41,10 @@ def experiment(
                                                  "(capacity, local-cache, bandwidth, communication).")] = None,
 ) -> None:
     """Run one experiment of the paper (or all) and write CSV, PNG/SVG figures and a summary."""
-    names = list(EXPERIMENTS) if name == "all" else [name]
+    names = list(EXPERIMENTS) + ["drift"] if name == "all" else [name]
     for n in names:
-        if n not in EXPERIMENTS:
-            raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", n)
+        if n not in EXPERIMENTS and n != "drift":
+            raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, drift, all)", n)
     if backend not in EXECUTORS:  # checked before anything is printed
         raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     if address is not None and backend != "ray":
@@ -58,6 +59,11 @@ def experiment(
 
             def report(done: int, total: int, task=task) -> None:
                 progress.update(task, completed=done, total=total)
+
+            if n == "drift":  # a time series, not a sweep: its own runner (experiments/drift.py)
+                path = run_drift(out_dir, quick=quick, progress=report)
+                console.print(f"drift: wrote {path}, drift.png, drift.svg, drift.md")
+                continue
 
             with flags(scenario="--scenario", backend="--backend", seeds="--seeds"):
                 path = run_experiment(n, out_dir, seeds=seeds, quick=quick, backend=backend, workers=workers,

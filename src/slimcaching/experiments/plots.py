@@ -405,7 +405,7 @@ def write_report(directory: str | Path) -> Path:
     d = Path(directory)
     if not d.is_dir():
         raise ScenarioError("report", "directory not found", str(d))
-    names = [n for n in EXPERIMENTS if (d / f"{n}.md").exists()]
+    names = [n for n in [*EXPERIMENTS, "drift"] if (d / f"{n}.md").exists()]
     if not names:
         raise ScenarioError("report", "no experiment results (*.md) in the directory", str(d))
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>SlimCaching experiments</title>",

@@ -1,0 +1,140 @@
+"""Adaptive placement: estimate routing from a sliding window of observed tokens and re-plan when
+the predicted gain over the horizon pays for the migration (docs/model.md, "Adaptive placement").
+
+The controller sees tokens as they are served: for each, which workload entry (user, model) it
+belongs to and which co-activation set each layer chose. Every ``check_tokens`` tokens it splits the
+last ``window_tokens`` into two halves (alternate tokens), pools each into one empirical profile
+per model (what the routers did lately), plans on the first half with
+:func:`slimcaching.algorithms.replan.replan` (latency over ``horizon_tokens`` plus the migration's
+cost), and judges the plan on the second, held-out half. It switches when
+
+    H * (T_B(x_now) - T_B(x_new)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now)
+
+(the gain over the horizon on tokens the plan did not see, after the moves' cost, beats a share of
+the current latency). A plan fitted to one half's sampling noise gains nothing on the other half,
+so a stationary workload does not move experts back and forth.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimcaching.algorithms.replan import replan
+from slimcaching.migration import move_costs
+from slimcaching.problem import Problem, build_problem
+from slimcaching.profiles import LayerProfile, Profile
+from slimcaching.scenario import Scenario, WorkloadEntry
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's rule (see the module docstring)."""
+
+    window_tokens: int = 4000
+    check_tokens: int = 2000
+    horizon_tokens: float = 20000.0
+    hysteresis: float = 0.02
+    algorithm: str = "slimcaching"
+
+
+def token_sources(sc: Scenario) -> tuple[list[tuple[int, str]], np.ndarray]:
+    """The workload entries tokens come from, as (model index, profile name), and each one's share
+    of all tokens (users' rates times their weights)."""
+    idx = {m.name: i for i, m in enumerate(sc.models)}
+    acc: dict[tuple[int, str], float] = {}
+    for u in sc.users:
+        for w in u.workload:
+            key = (idx[w.model], w.profile)
+            acc[key] = acc.get(key, 0.0) + u.rate * w.weight
+    keys = sorted(acc)
+    share = np.array([acc[k] for k in keys])
+    return keys, share / share.sum()
+
+
+def sample_tokens(sc: Scenario, tokens: int, rng: np.random.Generator) -> dict[int, list[np.ndarray]]:
+    """Route ``tokens`` tokens of ``sc``'s workload: per model, per layer, the chosen set of each of
+    its tokens (rows of expert ids), as the routers would have."""
+    keys, share = token_sources(sc)
+    counts = rng.multinomial(tokens, share)
+    out: dict[int, list[list[np.ndarray]]] = {}
+    for (m, prof), n in zip(keys, counts):
+        if n == 0:
+            continue
+        p = sc.profiles[prof]
+        per_layer = out.setdefault(m, [[] for _ in p.layers])
+        for li, layer in enumerate(p.layers):
+            pick = rng.choice(len(layer.probs), size=int(n), p=layer.probs / layer.probs.sum())
+            per_layer[li].append(layer.sets[pick])
+    return {m: [np.concatenate(v) for v in layers] for m, layers in out.items()}
+
+
+def empirical_profile(model: str, layers: list[np.ndarray]) -> Profile:
+    """The profile of observed sets (per layer: the distinct sets and their frequencies)."""
+    out = []
+    for sets in layers:
+        uniq, counts = np.unique(np.sort(sets, axis=1), axis=0, return_counts=True)
+        out.append(LayerProfile(uniq.astype(np.int64), counts / counts.sum()))
+    return Profile(model, out, {"estimated_from_tokens": int(len(layers[0])) if layers else 0})
+
+
+def estimated_scenario(sc: Scenario, observed: dict[int, list[np.ndarray]]) -> Scenario:
+    """``sc`` with every user's entries of a model pooled into that model's observed profile (the
+    user's share of each model kept): what the controller believes the workload is."""
+    est = copy.copy(sc)
+    est._index = {}
+    est.profiles = dict(sc.profiles)
+    names = {}
+    for m, layers in observed.items():
+        name = f"estimated/{sc.models[m].name}"
+        est.profiles[name] = empirical_profile(sc.models[m].name, layers)
+        names[sc.models[m].name] = name
+    users = []
+    for u in sc.users:
+        per_model: dict[str, float] = {}
+        for w in u.workload:
+            per_model[w.model] = per_model.get(w.model, 0.0) + w.weight
+        wl = [WorkloadEntry(mn, wt, names.get(mn, next(w.profile for w in u.workload if w.model == mn)))
+              for mn, wt in per_model.items()]
+        users.append(u if wl == list(u.workload) else dataclasses.replace(u, workload=wl))
+    est.users = users
+    return est
+
+
+@dataclass
+class Decision:
+    """What one check decided."""
+
+    switched: bool
+    x: np.ndarray
+    predicted_gain_token_s: float
+    migration_cost_token_s: float
+    estimated_latency_s: float
+
+
+def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: ControllerConfig) -> Decision:
+    """One check of the controller: plan on ``plan_on`` (one half of the window), judge on
+    ``judge_on`` (the other half); see the module docstring."""
+    h = config.horizon_tokens
+    pl = replan(plan_on, x_now, h, None, config.algorithm, costs=move_costs(plan_on, x_now))
+    costs = move_costs(judge_on, x_now)
+    t_now, t_new = judge_on.objective(x_now), judge_on.objective(pl.x)
+    moved = pl.x & ~x_now
+    cost = float(costs.impact[moved].sum())
+    gain = h * (t_now - t_new)
+    switch = moved.any() and gain - cost > config.hysteresis * h * t_now
+    return Decision(bool(switch), pl.x if switch else x_now, gain, cost, t_now)
+
+
+def split_window(observed: dict[int, list[np.ndarray]]) -> tuple[dict, dict]:
+    """The window's tokens in two halves (alternate tokens): one to plan on, one to judge the plan."""
+    return ({m: [sets[0::2] for sets in layers] for m, layers in observed.items()},
+            {m: [sets[1::2] for sets in layers] for m, layers in observed.items()})
+
+
+def estimate_problem(sc_phase: Scenario, observed: dict[int, list[np.ndarray]]) -> Problem:
+    """The problem the controller plans on: the scenario with the observed profiles."""
+    return build_problem(estimated_scenario(sc_phase, observed))

@@ -1,0 +1,270 @@
+"""``experiment drift``: placements under a drifting workload, four ways of keeping up.
+
+Drift patterns, built from a scenario whose profiles are named ``<task>/<model>`` with tasks
+``sqa`` and ``vqa`` (the generator's, so the default scenario): ``task-switch`` (every user from
+sqa to vqa halfway), ``daily-mix`` (the vqa share of every user's workload 0, 1/2, 1 over three
+phases), ``rotation`` (sqa's popular experts rotate: expert e becomes e + k s mod E in phase k).
+
+Strategies, all evaluated on the true workload of each interval (``check_tokens`` tokens):
+
+* ``static``: planned once, for the first phase;
+* ``periodic``: re-planned from scratch every interval on the last ``window_tokens`` observed tokens,
+  migration ignored (as vLLM's EPLB and SGLang's rebalancers do on a timer);
+* ``adaptive``: :mod:`slimcaching.adaptive`: ``replan`` on half of the same window, switching only
+  when the gain over the horizon on the other half beats the migration's cost by the hysteresis;
+* ``oracle``: the true profile of each phase from its first token, migration free.
+
+A migration's cost (:mod:`slimcaching.migration`, on the true workload) is added to the latency of
+the interval it happens in (its token-seconds spread over the interval's tokens); the oracle's
+moves cost nothing. Per interval: the mean latency (exact) and the p99 of a token simulation.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slimcaching.adaptive import ControllerConfig, decide, estimate_problem, sample_tokens, split_window
+from slimcaching.algorithms import solve
+from slimcaching.errors import ScenarioError
+from slimcaching.figures import line_style, pyplot, save_figure
+from slimcaching.fileio import atomic_write
+from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.migration import migration_summary, move_costs
+from slimcaching.problem import build_problem
+from slimcaching.profiles import LayerProfile, Profile
+from slimcaching.scenario import Phase, Scenario, WorkloadEntry, resolve_scenario, scenario_at_phase
+from slimcaching.simulate import simulate_tokens
+
+PATTERNS = ("task-switch", "daily-mix", "rotation")
+STRATEGIES = ("static", "periodic", "adaptive", "oracle")
+COLUMNS = ["scenario", "pattern", "strategy", "interval", "tokens", "phase", "latency_ms", "p99_ms",
+           "bytes_moved", "migrated", "impact_token_s"]
+
+
+@dataclass(frozen=True)
+class DriftSettings:
+    """Sizes of one drift run."""
+
+    phase_tokens: int
+    controller: ControllerConfig
+    sim_tokens: int  # tokens simulated per interval for its p99
+
+
+# the horizon is a phase: what the controller expects a workload to last
+QUICK = DriftSettings(6000, ControllerConfig(window_tokens=2000, check_tokens=1000, horizon_tokens=6000.0,
+                                             algorithm="slimcaching-fast"), 400)
+FULL = DriftSettings(40000, ControllerConfig(window_tokens=10000, check_tokens=5000, horizon_tokens=40000.0), 2000)
+
+
+def _rotated(p: Profile, shift: int, experts: int) -> Profile:
+    layers = [LayerProfile(np.sort((lp.sets + shift) % experts, axis=1), lp.probs.copy()) for lp in p.layers]
+    return Profile(p.model, layers, dict(p.meta, rotated_by=shift))
+
+
+def drift_scenario(base: Scenario, pattern: str, phase_tokens: int) -> Scenario:
+    """``base`` with the phases of ``pattern`` (see the module docstring)."""
+    if pattern not in PATTERNS:
+        raise ScenarioError("pattern", f"expected one of {', '.join(PATTERNS)}", pattern)
+    sc = copy.copy(base)
+    sc._index = {}
+    sc.profiles = dict(base.profiles)
+    for m in base.models:
+        for task in ("sqa", "vqa"):
+            if f"{task}/{m.name}" not in base.profiles:
+                raise ScenarioError("scenario", f"the drift patterns need profiles named sqa/<model> and vqa/<model> "
+                                    f"(the generator's); {task}/{m.name} is missing")
+
+    def mix(share_vqa: float, tag: str = "") -> dict[str, tuple[WorkloadEntry, ...]]:
+        out = {}
+        for u in sc.users:
+            per_model: dict[str, float] = {}
+            for w in u.workload:
+                per_model[w.model] = per_model.get(w.model, 0.0) + w.weight
+            wl = []
+            for mn, wt in per_model.items():
+                if share_vqa < 1:
+                    wl.append(WorkloadEntry(mn, wt * (1 - share_vqa), f"sqa/{mn}{tag}"))
+                if share_vqa > 0:
+                    wl.append(WorkloadEntry(mn, wt * share_vqa, f"vqa/{mn}"))
+            out[u.name] = tuple(wl)
+        return out
+
+    if pattern == "task-switch":
+        sc.phases = [Phase("sqa", phase_tokens, mix(0.0)), Phase("vqa", phase_tokens, mix(1.0))]
+    elif pattern == "daily-mix":
+        sc.phases = [Phase(f"vqa{int(100 * s)}%", phase_tokens, mix(s)) for s in (0.0, 0.5, 1.0)]
+    else:
+        phases = []
+        for k in range(3):
+            for m in base.models:
+                shift = k * max(1, m.experts // 4)
+                sc.profiles[f"sqa/{m.name}@rot{k}"] = _rotated(base.profiles[f"sqa/{m.name}"], shift, m.experts)
+            phases.append(Phase(f"rotation{k}", phase_tokens, mix(0.0, f"@rot{k}")))
+        sc.phases = phases
+    return sc
+
+
+def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings, seed: int = 0,
+                progress=None) -> list[dict]:
+    """One drift run: every strategy over the phases of ``sc`` (built by :func:`drift_scenario`)."""
+    cfg = settings.controller
+    c = cfg.check_tokens
+    truth = [build_problem(scenario_at_phase(sc, k)) for k in range(len(sc.phases))]
+    bounds = np.cumsum([0] + [ph.tokens for ph in sc.phases])
+    n_int = int(bounds[-1] // c)
+
+    def phase_at(t: float) -> int:
+        return int(np.searchsorted(bounds, t, side="right") - 1)
+
+    def observe(t_end: int, rng) -> dict:
+        """The window's tokens, drawn from the phases it overlaps (as observed by the routers)."""
+        lo = max(0, t_end - cfg.window_tokens)
+        pooled: dict[int, list] = {}
+        for k in range(len(sc.phases)):
+            n = int(min(t_end, bounds[k + 1]) - max(lo, bounds[k]))
+            if n > 0:
+                for m, layers in sample_tokens(scenario_at_phase(sc, k), n, rng).items():
+                    pooled.setdefault(m, []).append(layers)
+        return {m: [np.concatenate([part[li] for part in parts]) for li in range(len(parts[0]))]
+                for m, parts in pooled.items()}
+
+    rows = []
+    solver = cfg.algorithm
+    for si, strategy in enumerate(STRATEGIES):
+        rng = np.random.default_rng([seed, si])
+        x = solve(truth[0], solver).x  # every strategy starts planned for the first phase
+        for j in range(n_int):
+            t0 = j * c
+            k = phase_at(t0)
+            p = truth[k]
+            moved, impact, migrated = 0.0, 0.0, False
+            new = x
+            if j > 0 and strategy == "oracle" and t0 == bounds[k]:
+                new = solve(p, solver).x
+            elif j > 0 and strategy == "periodic":
+                new = solve(estimate_problem(scenario_at_phase(sc, k), observe(t0, rng)), solver).x
+            elif j > 0 and strategy == "adaptive":
+                half_a, half_b = split_window(observe(t0, rng))
+                now = scenario_at_phase(sc, k)
+                new = decide(estimate_problem(now, half_a), estimate_problem(now, half_b), x, cfg).x
+            if not np.array_equal(new, x):
+                costs = move_costs(p, x)
+                summary = migration_summary(p, costs, x, new)
+                moved, migrated = summary["bytes_moved"], True
+                impact = 0.0 if strategy == "oracle" else summary["impact_token_s"]
+                x = new
+            sim = simulate_tokens(p, x, settings.sim_tokens, seed=seed * 1000 + j)
+            rows.append({"scenario": label, "pattern": pattern, "strategy": strategy, "interval": j,
+                         "tokens": (j + 1) * c, "phase": sc.phases[k].name,
+                         "latency_ms": 1e3 * (p.objective(x) + impact / c), "p99_ms": 1e3 * (sim["p99_s"] + impact / c),
+                         "bytes_moved": moved, "migrated": int(migrated), "impact_token_s": impact})
+            if progress is not None:
+                progress()
+    return rows
+
+
+def drift_scenarios(quick: bool, seed: int = 0) -> list[tuple[str, Scenario]]:
+    """The scenarios the experiment drifts: the default (quick: its small version), and 50 servers
+    x 5,000 users (full runs only)."""
+    if quick:
+        return [("default (quick)", resolve_scenario(generate_scenario_dict(GeneratorOptions(), users=16,
+                                                                              servers=3, profile_tokens=200,
+                                                                              seed=seed)))]
+    return [("default", resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed))),
+            ("50x5000", resolve_scenario(generate_scenario_dict(GeneratorOptions(), servers=50, users=5000,
+                                                                seed=seed)))]
+
+
+def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None) -> Path:
+    """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV."""
+    settings = QUICK if quick else FULL
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    runs = [(label, sc, pat) for label, sc in drift_scenarios(quick, seed) for pat in PATTERNS]
+    total = sum(len(STRATEGIES) * sum(ph.tokens for ph in drift_scenario(sc, pat, settings.phase_tokens).phases)
+                // settings.controller.check_tokens for _, sc, pat in runs)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    for label, sc, pat in runs:
+        rows += run_pattern(drift_scenario(sc, pat, settings.phase_tokens), label, pat, settings, seed, tick)
+    path = out / "drift.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    plot_drift(rows, out, settings)
+    atomic_write(out / "drift.md", drift_summary(rows, settings, quick))
+    return path
+
+
+def plot_drift(rows: list[dict], out: Path, settings: DriftSettings) -> list[Path]:
+    """Latency over time per strategy, one panel per (scenario, pattern); phase changes dotted."""
+    plt = pyplot()
+    runs = list(dict.fromkeys((r["scenario"], r["pattern"]) for r in rows))
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.4 * len(runs)), dpi=130, squeeze=False)
+    for ax, (label, pat) in zip(axes[:, 0], runs):
+        mine = [r for r in rows if (r["scenario"], r["pattern"]) == (label, pat)]
+        for i, strategy in enumerate(STRATEGIES):
+            pts = [r for r in mine if r["strategy"] == strategy]
+            st = line_style(strategy, i)
+            ax.plot([r["tokens"] / 1e3 for r in pts], [r["latency_ms"] for r in pts], label=strategy, **st)
+        for t in range(settings.phase_tokens, max(r["tokens"] for r in mine), settings.phase_tokens):
+            ax.axvline(t / 1e3, color="0.5", linestyle=":", linewidth=1)
+        ax.set_title(f"{pat} ({label}): mean latency per interval", fontsize=11)
+        ax.set_xlabel("tokens served (thousands)", fontsize=10)
+        ax.set_ylabel("ms per token", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=9, ncol=4, frameon=False)
+    return save_figure(fig, out, "drift")
+
+
+def drift_summary(rows: list[dict], settings: DriftSettings, quick: bool) -> str:
+    """The Markdown summary: per run and strategy, mean and worst-interval p99, bytes, migrations;
+    and the issue's targets checked."""
+    cfg = settings.controller
+    lines = ["# Experiment `drift`" + (" (quick)" if quick else ""), "",
+             f"Phases of {settings.phase_tokens} tokens; the controller checks every {cfg.check_tokens} tokens on "
+             f"the last {cfg.window_tokens}, plans for {cfg.horizon_tokens:g} tokens with hysteresis "
+             f"{cfg.hysteresis:g}; latencies on the true workload, migrations' cost included.", ""]
+    runs = list(dict.fromkeys((r["scenario"], r["pattern"]) for r in rows))
+    for label, pat in runs:
+        mine = [r for r in rows if (r["scenario"], r["pattern"]) == (label, pat)]
+        stats = {}
+        for s in STRATEGIES:
+            pts = [r for r in mine if r["strategy"] == s]
+            stats[s] = {"mean": float(np.mean([r["latency_ms"] for r in pts])),
+                        "p99": float(max(r["p99_ms"] for r in pts)),
+                        "bytes": float(sum(r["bytes_moved"] for r in pts)),
+                        "migrations": int(sum(r["migrated"] for r in pts)),
+                        "late": float(np.mean([r["latency_ms"] for r in pts if r["tokens"] > settings.phase_tokens]
+                                              or [np.nan]))}
+        lines += [f"## {pat} ({label})", "",
+                  "| strategy | mean ms | worst-interval p99 ms | after the first phase ms | GB moved | migrations |",
+                  "|---|---|---|---|---|---|"]
+        for s in STRATEGIES:
+            st = stats[s]
+            lines.append(f"| {s} | {st['mean']:.2f} | {st['p99']:.2f} | {st['late']:.2f} | {st['bytes'] / 1e9:.3f} | "
+                         f"{st['migrations']} |")
+        a, o, st_, pe = stats["adaptive"], stats["oracle"], stats["static"], stats["periodic"]
+        lines += ["", f"- adaptive vs oracle (mean): {100 * (a['mean'] / o['mean'] - 1):+.1f}% (target: within 5%): "
+                  f"{'met' if a['mean'] <= 1.05 * o['mean'] else 'not met'}."]
+        if pat == "task-switch":
+            lower = 100 * (1 - a["late"] / st_["late"])
+            lines.append(f"- after the task switch, adaptive vs static: {lower:.1f}% lower (target: at least 20%): "
+                         f"{'met' if a['late'] <= 0.8 * st_['late'] else 'not met'}.")
+        lines.append(f"- adaptive vs periodic: {a['bytes'] / 1e9:.3f} against {pe['bytes'] / 1e9:.3f} GB moved at "
+                     f"{a['mean']:.2f} against {pe['mean']:.2f} ms (target: fewer bytes at equal or lower latency): "
+                     f"{'met' if a['bytes'] < pe['bytes'] and a['mean'] <= pe['mean'] * 1.001 else 'not met'}.")
+        lines.append("")
+    return "\n".join(lines)

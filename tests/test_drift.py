@@ -1,0 +1,112 @@
+"""Adaptive placement: routing estimated from observed tokens, a controller that does not move
+experts on a stationary workload and does after a task switch, and ``experiment drift --quick``."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from helpers import tiny_scenario_dict
+from slimcaching.adaptive import (
+    ControllerConfig,
+    decide,
+    empirical_profile,
+    estimate_problem,
+    sample_tokens,
+    split_window,
+)
+from slimcaching.algorithms import solve
+from slimcaching.cli import main
+from slimcaching.problem import build_problem
+from slimcaching.scenario import resolve_scenario
+
+
+def test_sampled_tokens_estimate_the_profile():
+    sc = resolve_scenario(tiny_scenario_dict(1, users=2))
+    rng = np.random.default_rng(0)
+    obs = sample_tokens(sc, 40000, rng)
+    name = sc.models[0].name
+    est = empirical_profile(name, obs[0])
+    # the users' mixture of this model's profiles, per layer: total variation to the estimate is small
+    shares: dict[str, float] = {}
+    for u in sc.users:
+        for w in u.workload:
+            if w.model == name:
+                shares[w.profile] = shares.get(w.profile, 0.0) + u.rate * w.weight
+    total = sum(shares.values())
+    for li, layer in enumerate(est.layers):
+        truth: dict[tuple, float] = {}
+        for prof, share in shares.items():
+            lp = sc.profiles[prof].layers[li]
+            for s, p in zip(map(tuple, lp.sets), lp.probs):
+                truth[s] = truth.get(s, 0.0) + p * share / total
+        got = dict(zip(map(tuple, layer.sets), layer.probs))
+        tv = 0.5 * sum(abs(truth.get(k, 0.0) - got.get(k, 0.0)) for k in set(truth) | set(got))
+        assert tv < 0.03, (li, tv)
+
+
+def test_the_controller_does_not_move_experts_on_a_stationary_workload():
+    sc = resolve_scenario(tiny_scenario_dict(3, servers=3, users=4, experts=4, layers=2))
+    truth = build_problem(sc)
+    x = solve(truth, "slimcaching").x
+    rng = np.random.default_rng(5)
+    cfg = ControllerConfig(window_tokens=2000, check_tokens=1000, horizon_tokens=20000.0)
+    for _ in range(8):
+        a, b = split_window(sample_tokens(sc, cfg.window_tokens, rng))
+        d = decide(estimate_problem(sc, a), estimate_problem(sc, b), x, cfg)
+        assert not d.switched, (d.predicted_gain_token_s, d.migration_cost_token_s)
+        x = d.x
+    # after a drift it moves (the gain is real): every profile's popular experts rotate by two
+    data = tiny_scenario_dict(3, servers=3, users=4, experts=4, layers=2)
+    for prof in data["profiles"].values():
+        for layer in prof["layers"]:
+            layer["sets"] = [sorted((e + 2) % 4 for e in s) for s in layer["sets"]]
+    drifted = resolve_scenario(data)
+    p2 = build_problem(drifted)
+    before = p2.objective(x)
+    moved = False
+    for _ in range(3):
+        a, b = split_window(sample_tokens(drifted, 4000, rng))
+        d = decide(estimate_problem(drifted, a), estimate_problem(drifted, b), x, cfg)
+        moved |= d.switched
+        x = d.x
+    assert moved and p2.objective(x) < before
+
+
+def test_experiment_drift_quick(tmp_path):
+    assert main(["experiment", "drift", "--quick", "--out", str(tmp_path)]) == 0
+    for ext in ("csv", "png", "svg", "md"):
+        assert (tmp_path / f"drift.{ext}").stat().st_size > 0
+    rows = list(csv.DictReader((tmp_path / "drift.csv").open()))
+    assert {r["pattern"] for r in rows} == {"task-switch", "daily-mix", "rotation"}
+    assert {r["strategy"] for r in rows} == {"static", "periodic", "adaptive", "oracle"}
+
+    def total(pattern, strategy, col):
+        return sum(float(r[col]) for r in rows if r["pattern"] == pattern and r["strategy"] == strategy)
+
+    def mean(pattern, strategy):
+        pts = [float(r["latency_ms"]) for r in rows if r["pattern"] == pattern and r["strategy"] == strategy]
+        return sum(pts) / len(pts)
+
+    for pat in ("task-switch", "daily-mix", "rotation"):
+        assert total(pat, "static", "migrated") == 0 and total(pat, "static", "bytes_moved") == 0
+        assert total(pat, "adaptive", "bytes_moved") < total(pat, "periodic", "bytes_moved")
+        assert mean(pat, "oracle") <= min(mean(pat, s) for s in ("static", "periodic", "adaptive")) + 1e-9
+    md = (tmp_path / "drift.md").read_text()
+    assert "adaptive vs oracle" in md and "after the task switch" in md
+    assert main(["report", str(tmp_path)]) == 0
+    assert "drift" in (tmp_path / "report.html").read_text()
+    json.dumps(rows)  # plain values only
+
+
+@pytest.mark.parametrize("pattern", ["nope"])
+def test_unknown_drift_pattern_is_one_line(pattern):
+    from slimcaching.errors import ScenarioError
+    from slimcaching.experiments.drift import drift_scenario
+
+    with pytest.raises(ScenarioError) as exc:
+        drift_scenario(resolve_scenario(tiny_scenario_dict(0)), pattern, 100)
+    assert exc.value.field == "pattern"
