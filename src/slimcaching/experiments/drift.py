@@ -168,25 +168,29 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
     return rows
 
 
-def drift_scenarios(quick: bool, seed: int = 0) -> list[tuple[str, Scenario]]:
+SCENARIOS = ("default", "50x5000")
+
+
+def drift_scenarios(quick: bool, seed: int = 0, only: tuple[str, ...] = SCENARIOS) -> list[tuple[str, Scenario]]:
     """The scenarios the experiment drifts: the default (quick: its small version), and 50 servers
-    x 5,000 users (full runs only)."""
+    x 5,000 users (full runs only; ``only`` picks among them)."""
     if quick:
         return [("default (quick)", resolve_scenario(generate_scenario_dict(GeneratorOptions(), users=16,
                                                                               servers=3, profile_tokens=200,
                                                                               seed=seed)))]
-    return [("default", resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed))),
-            ("50x5000", resolve_scenario(generate_scenario_dict(GeneratorOptions(), servers=50, users=5000,
-                                                                seed=seed)))]
+    sizes = {"default": {}, "50x5000": {"servers": 50, "users": 5000}}
+    return [(name, resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed, **sizes[name])))
+            for name in only]
 
 
-def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None) -> Path:
+def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None,
+              only: tuple[str, ...] = SCENARIOS) -> Path:
     """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV."""
     settings = QUICK if quick else FULL
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    runs = [(label, sc, pat) for label, sc in drift_scenarios(quick, seed) for pat in PATTERNS]
+    runs = [(label, sc, pat) for label, sc in drift_scenarios(quick, seed, only) for pat in PATTERNS]
     total = sum(len(STRATEGIES) * sum(ph.tokens for ph in drift_scenario(sc, pat, settings.phase_tokens).phases)
                 // settings.controller.check_tokens for _, sc, pat in runs)
     done = [0]
