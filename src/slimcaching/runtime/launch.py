@@ -218,6 +218,7 @@ class _NodeActor:
                                  max_batch_rows=kw["max_batch_rows"], batch_wait_s=kw["batch_wait_s"])
         if name in ctx.layout.split_hosts:
             self.server.enable_split(ctx.model_dir)
+        self.server.enable_relayout(source, {s.name: s.capacity_bytes for s in ctx.scenario.servers})
         if host == "auto":  # the address of the machine this actor landed on
             import ray  # optional extra (ray)
 

@@ -22,6 +22,7 @@ logged with its reason and answered with an error; the node keeps serving.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -40,8 +41,8 @@ from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.executor import Batcher, ExpertExecutor, Job
 from slimcaching.runtime.linkemu import release_time, schedule_path
-from slimcaching.runtime.protocol import ErrorReply, Pong, Result, RunRequest, SplitEnd, SplitStep
-from slimcaching.runtime.routing import Layout, reversed_path
+from slimcaching.runtime.protocol import ErrorReply, Pong, Relayout, Result, RunRequest, SplitEnd, SplitStep
+from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
 from slimcaching.runtime.tensors import to_torch
 from slimcaching.runtime.transport import Transport
@@ -141,6 +142,13 @@ class NodeServer:
         self.split = None  # a SplitHost when this node runs split-style sessions (enable_split)
         self._users = frozenset(layout.homes)
         self._nodes = frozenset(layout.nodes)
+        # live re-placement (relayout): where gained experts are loaded from, and the swap a loader
+        # thread hands to the loop (a plain attribute: the loop picks it up at its next tick)
+        self.expert_source = None
+        self.capacity: dict[str, float] = {}
+        self.layout_version = 0
+        self._swap = None
+        self._loading = False
 
     # ---- the transport's surface -------------------------------------------------------------
     @property
@@ -175,6 +183,8 @@ class NodeServer:
         return release_time(deliver_at, self.transport.received_at)
 
     def _next_deadline(self) -> float:
+        if self._loading:  # a relayout is loading: look for its swap every few milliseconds
+            return time.time() + 0.005
         return min(min((s.deadline for s in self.pending.values()), default=float("inf")),
                    min((s.deadline for s in self.step_pending.values()), default=float("inf")),
                    self.batcher.next_due() if self.batcher is not None else float("inf"))
@@ -227,6 +237,8 @@ class NodeServer:
             self._accept_step(ident, msg, sender)
         elif isinstance(msg, SplitEnd):
             self._end_session(msg, sender)
+        elif isinstance(msg, Relayout):
+            self._relayout(ident, msg)
         else:
             self._reject(ident, msg.id, f"unexpected op {msg.op!r} on a node")
 
@@ -523,11 +535,69 @@ class NodeServer:
             self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
         self._maybe_finish(p)
 
+    # ---- live re-placement ---------------------------------------------------------------------
+    def enable_relayout(self, source, capacity: dict[str, float]) -> None:
+        """Take ``relayout`` messages: gained experts are loaded from ``source`` (an ExpertSource)."""
+        self.expert_source, self.capacity = source, dict(capacity)
+
+    def _relayout(self, ident: bytes, msg: Relayout) -> None:
+        """Load the experts this node gains in a thread (serving goes on), then switch at the loop's
+        next tick: the pending batches run with the old experts, the new layout and experts take
+        over, the lost experts go. Answered (a pong with ``layout_version``) once switched."""
+        if self.expert_source is None:
+            self._reject(ident, msg.id, "relayout: this node cannot load experts (started without a checkpoint)")
+            return
+        if self.split is not None:
+            self._reject(ident, msg.id, "relayout: not supported on a split-style host")
+            return
+        why = msg.check(self.layout, self.capacity, self.layout.expert_bytes)
+        if why is None and msg.version <= self.layout_version:
+            why = f"relayout: version {msg.version} is not newer than {self.layout_version}"
+        if why is not None:
+            self._reject(ident, msg.id, why, fatal=False)
+            return
+        held = {n: set(self.layout.held[n]) for n in self.layout.nodes}
+        for n in self.layout.nodes:
+            if n != CLOUD:
+                held[n] = {(int(la), int(e)) for la, e in msg.edge.get(n, [])}
+        new_layout = dataclasses.replace(self.layout, held=held)
+        mine, old = held[self.name], self.executor.experts
+
+        def load() -> None:
+            t0 = time.time()
+            try:
+                gained = sorted(mine - set(old))
+                experts = {k: old[k] if k in old else self.expert_source.load(*k) for k in sorted(mine)}
+                self._swap = (msg, ident, new_layout, experts, len(gained), time.time() - t0)
+            except Exception as exc:  # a checkpoint that fails to load: answered, the old layout stays
+                self._swap = (msg, ident, None, f"{type(exc).__name__}: {str(exc)[:200]}", 0, 0.0)
+
+        self._loading = True
+        threading.Thread(target=load, name=f"relayout-{self.name}", daemon=True).start()
+
+    def _take_swap(self) -> None:
+        msg, ident, new_layout, experts, gained, load_s = self._swap
+        self._swap, self._loading = None, False
+        if new_layout is None:
+            self._reject(ident, msg.id, f"relayout: loading failed ({experts})", fatal=False)
+            return
+        if self.batcher is not None:  # what waits for compute runs with the experts it was accepted for
+            self.batcher.run_due(float("inf"))
+        self.layout = self.executor.layout = new_layout
+        self.executor.experts = experts
+        self.layout_version = msg.version
+        st = self.stats.setdefault("relayouts", [])
+        st.append({"t": time.time(), "version": msg.version, "gained": gained, "held": len(experts),
+                   "load_s": load_s})
+        self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
+
     def _holder_failed(self, holder: str, reason: str) -> None:
         self.dead_until[holder] = time.time() + self.config.retry_after_s
         self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
 
     def _check_deadlines(self, now: float) -> None:
+        if self._swap is not None:
+            self._take_swap()
         if self.batcher is not None:
             self.batcher.run_due(now)
         for sid, relay in [(k, v) for k, v in self.step_pending.items() if v.deadline <= now]:
@@ -577,6 +647,7 @@ class NodeServer:
         self.stats["refused_connections"] = dict(self.transport.gate.refused)
         self.stats["internal_errors"] = self.transport.errors + self.internal_errors
         return {"name": self.name, "held": self.executor.held(), "rss_bytes": rss_bytes(), "stats": self.stats,
+                "layout_version": self.layout_version,
                 "in_flight": sum(self.in_flight.values()), "in_flight_bytes": self.in_flight_bytes,
                 "connections": self.transport.gate.connections}
 
@@ -609,6 +680,7 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
                         max_batch_rows=config.max_batch_rows, batch_wait_s=config.batch_wait_s)
     if name in ctx.layout.split_hosts:
         server.enable_split(ctx.model_dir)
+    server.enable_relayout(ctx.expert_source(), {s.name: s.capacity_bytes for s in ctx.scenario.servers})
     try:
         port = server.bind(host, port)
     except zmq.ZMQError as exc:

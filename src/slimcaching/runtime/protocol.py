@@ -46,7 +46,7 @@ import numpy as np
 from slimcaching.runtime.addresses import tcp_address
 
 VERSION = 1
-OPS = frozenset({"run", "step", "end", "result", "error", "ping", "pong", "configure", "shutdown"})
+OPS = frozenset({"run", "step", "end", "result", "error", "ping", "pong", "configure", "shutdown", "relayout"})
 DTYPES = frozenset({"float32", "float16", "float64", "int64", "int32", "uint16"})  # uint16 carries bf16
 MAX_HEADER_BYTES = 1 << 20
 MAX_TENSORS = 4096
@@ -515,8 +515,54 @@ class Shutdown:
         return cls(_int(h, "id"))
 
 
+@dataclass
+class Relayout:
+    """``relayout``: a new placement of the model's experts over the edge servers, version ``version``
+    (live re-placement: a node loads what it gains, switches, then drops what it loses)."""
+
+    id: int
+    version: int
+    edge: dict[str, list[list[int]]]  # server -> [[layer, expert], ...]
+    op = "relayout"
+
+    def frames(self) -> list:
+        return encode({"op": "relayout", "id": self.id, "version": self.version, "edge": self.edge})
+
+    @classmethod
+    def from_message(cls, h: dict, tensors) -> Relayout:
+        edge = h.get("edge")
+        if not isinstance(edge, dict) or len(edge) > 4096:
+            raise ProtocolError("relayout: edge must map server names to [[layer, expert], ...]")
+        total = 0
+        for k, v in edge.items():
+            if not (isinstance(k, str) and _NODE_NAME.match(k)) or not isinstance(v, list):
+                raise ProtocolError("relayout: edge must map server names to [[layer, expert], ...]")
+            total += len(v)
+            if total > 10_000_000:
+                raise ProtocolError("relayout: too many experts")
+            for item in v:
+                if not (isinstance(item, list) and len(item) == 2 and all(type(i) is int and 0 <= i < 2**31
+                                                                           for i in item)):
+                    raise ProtocolError("relayout: each expert is [layer, expert] (non-negative integers)")
+        return cls(_int(h, "id"), _int(h, "version", 1, 2**31 - 1), edge)
+
+    def check(self, layout, capacity: dict[str, float], expert_bytes: float) -> str | None:
+        """Why this placement cannot be taken by nodes of ``layout`` (None if it can)."""
+        for node, items in self.edge.items():
+            if node not in layout.nodes or node == "cloud":
+                return f"relayout: {node[:40]!r} is not an edge server of the scenario"
+            if len({tuple(i) for i in items}) != len(items):
+                return f"relayout: an expert is listed twice for {node!r}"
+            for layer, e in items:
+                if layer >= layout.layers or e >= layout.experts:
+                    return f"relayout: expert {e} of layer {layer} is out of range for {node!r}"
+            if len(items) * expert_bytes > capacity.get(node, 0.0) * (1 + 1e-9):
+                return f"relayout: {len(items)} experts exceed {node!r}'s capacity"
+        return None
+
+
 MESSAGES: dict[str, Any] = {c.op: c for c in (RunRequest, SplitStep, SplitEnd, Result, ErrorReply, Ping, Pong,
-                                                Configure, Shutdown)}
+                                                Configure, Shutdown, Relayout)}
 
 
 def parse(frames: list):

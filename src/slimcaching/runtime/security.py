@@ -207,7 +207,7 @@ def allowed(op: str, sender: str | None, *, nodes, users, accepts_configure: boo
     every op but a refused ``configure`` is allowed). ``run``, ``step`` and ``end``: devices and nodes
     (what each may ask is checked with the message); ``ping``: anyone
     the keyring knows; ``configure``: the operator, and only on a node that takes its peers from
-    the launcher; ``shutdown``: the operator."""
+    the launcher; ``shutdown`` and ``relayout``: the operator."""
     if op == "configure" and not accepts_configure:
         return "configure: this node takes its peers from its cluster file"
     if sender is None:
@@ -216,7 +216,7 @@ def allowed(op: str, sender: str | None, *, nodes, users, accepts_configure: boo
         return None if sender in nodes or sender in users else f"{op}: {sender!r} is neither a device nor a node"
     if op == "ping":
         return None
-    if op in ("configure", "shutdown"):
+    if op in ("configure", "shutdown", "relayout"):
         return None if sender == ADMIN else f"{op}: only {ADMIN!r} may"
     return f"{op}: not a request"
 
