@@ -86,3 +86,26 @@ def test_only_the_operator_may_relayout_and_the_message_is_validated():
             protocol.parse(frames)
     with pytest.raises(protocol.ProtocolError):
         protocol.parse(protocol.encode({"op": "relayout", "id": 1, "version": 0, "edge": {}}))
+
+
+def test_cluster_run_adapt_re_places_experts_live(tmp_path, capsys):
+    from slimcaching.cli import main
+
+    d = tmp_path / "mixtral"
+    _build("mixtral", d)
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB", cache="0 B"))
+    none = solve(sc, "none", tmp_path / "none.json")  # the edge starts empty: moving experts there pays
+    out = tmp_path / "run.json"
+    assert main(["cluster", "run", str(sc), str(none), "--model", str(d), "--prompt", "w1 w2 w3 w4",
+                 "--prompt", "w9 w7", "--max-new-tokens", "16", "--no-emulate", "--adapt", "6", "--adapt-window",
+                 "12", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["tokens_identical"]  # no token lost, the model's tokens, while experts moved
+    ad = rep["adapt"]
+    assert ad["migrations"] >= 1 and all(e["ok"] for e in ad["events"])
+    assert ad["events"][0]["copies_added"] > 0 and ad["events"][0]["bytes_moved"] > 0
+    assert any(st["experts_held"] > 0 for n, st in rep["nodes"].items() if n != "cloud")
+    assert "live re-placements" in capsys.readouterr().out
+    assert main(["cluster", "run", str(sc), str(none), "--model", str(d), "--prompt", "w1", "--users", "u0,u1",
+                 "--adapt", "4"]) == 2
+    assert "--adapt" in capsys.readouterr().err

@@ -7,7 +7,7 @@ atomically, so a failed command leaves nothing half-written.
 Groups: :mod:`.scenario` (validate, export, scenario new), :mod:`.solve` (solve, demo),
 :mod:`.evaluate` (evaluate, simulate), :mod:`.experiment` (experiment, report), :mod:`.profile`
 (profile, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
-:mod:`.runtime` (cluster run, node, generate, calibrate), :mod:`.keys` (keys, cluster status,
+:mod:`.runtime` (cluster run, node, generate), :mod:`.calibrate`, :mod:`.keys` (keys, cluster status,
 cluster stop), :mod:`.serve` (serve), :mod:`.replan` (replan).
 """
 
@@ -29,13 +29,25 @@ from typer.main import get_command
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from slimcaching.algorithms import SolverBug  # noqa: E402
-from slimcaching.cli import catalog, evaluate, experiment, keys, profile, replan, runtime, scenario, serve, solve
+from slimcaching.cli import (
+    calibrate,
+    catalog,
+    evaluate,
+    experiment,
+    keys,
+    profile,
+    replan,
+    runtime,
+    scenario,
+    serve,
+    solve,
+)
 from slimcaching.cli.common import QUIET, console
 from slimcaching.errors import ScenarioError, missing_extra_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SlimCaching: edge caching of MoE experts for distributed inference.")
-for group in (scenario, solve, replan, evaluate, experiment, profile, catalog, runtime, keys, serve):
+for group in (scenario, solve, replan, evaluate, experiment, profile, catalog, runtime, calibrate, keys, serve):
     app.registered_commands.extend(group.app.registered_commands)
 app.add_typer(scenario.scenario_app, name="scenario")
 app.add_typer(runtime.cluster_app, name="cluster")

@@ -6,8 +6,6 @@ tokenizers) are imported inside the commands that use them, so ``--help`` works 
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,8 +13,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from slimcaching.adaptive import ControllerConfig
 from slimcaching.cli.common import console, flags, ms, note, out
 from slimcaching.cli.runtime_options import (  # shared with serve
+    AdaptHorizonOpt,
+    AdaptOpt,
+    AdaptWindowOpt,
     BatchWaitOpt,
     DeadlineOpt,
     FloorOpt,
@@ -35,7 +37,6 @@ from slimcaching.cli.runtime_options import (  # shared with serve
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import write_json
 from slimcaching.hf import prompt_texts
-from slimcaching.runtime.calibrate import calibrate, calibration_rows, message_overhead
 from slimcaching.runtime.cluster import cluster_inputs, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.fallbacks import describe_fallback
@@ -90,6 +91,9 @@ def cluster_run(
     max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
     batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
     ray_placement: RayPlacementOpt = None,
+    adapt: AdaptOpt = None,
+    adapt_window: AdaptWindowOpt = 64,
+    adapt_horizon: AdaptHorizonOpt = 10000.0,
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
@@ -107,8 +111,9 @@ def cluster_run(
                       max_new_tokens, not no_emulate, pace, not no_reference,
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
                       deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
-                      rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait, ray_placement=where)
-    with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address",
+                      rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait, ray_placement=where,
+                      adapt=None if adapt is None else ControllerConfig(adapt_window, adapt, adapt_horizon))
+    with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address", adapt="--adapt",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
         report = run_cluster(opts, progress=note)
     if json_out is not None:
@@ -223,26 +228,3 @@ def generate_cmd(
                   f"{ms(report['predicted_mean_token_latency_s'])}")
     if json_out is not None:
         write_json(json_out, report)
-
-
-@app.command("calibrate")
-def calibrate_cmd(
-    model: ModelOpt,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, max=1000, help="Decode steps to time.")] = 32,
-    rounds: Annotated[int, typer.Option("--rounds", min=0, max=100000, help="Requests per round trip "
-                                        "timing the per-message overhead (0: skip it).")] = 200,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """Measure this machine's dense and expert times for a model and the runtime's per-message
-    overhead; print the flops and message_overhead_s that make a scenario match them."""
-    with flags(model="--model"):
-        r = calibrate(str(model), tokens)
-        if rounds:
-            r.update(message_overhead(str(model), rounds))
-    if as_json:
-        sys.stdout.write(json.dumps(r, allow_nan=False) + "\n")
-        return
-    t = Table("quantity", "value")
-    for row in calibration_rows(r):
-        t.add_row(*row)
-    out.print(t)

@@ -46,3 +46,10 @@ def ray_placement_of(path: Path | None, launcher: str, nodes: list[str]) -> dict
 
     with flags(ray_placement="--ray-placement ray_placement"):
         return read_ray_placement(path, nodes)
+AdaptOpt = Annotated[int | None, typer.Option("--adapt", min=1, max=1_000_000, help="Re-place experts live: every N "
+                                             "decoded tokens the adaptive controller checks the routing it saw "
+                                             "(one user; docs/runtime.md, live re-placement).")]
+AdaptWindowOpt = Annotated[int, typer.Option("--adapt-window", min=4, max=10_000_000, help="Tokens the controller "
+                                             "estimates routing from.")]
+AdaptHorizonOpt = Annotated[float, typer.Option("--adapt-horizon", min=1.0, help="Tokens a new placement is planned "
+                                                "for (its gain over them must pay for the moves).")]

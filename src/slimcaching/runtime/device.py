@@ -111,6 +111,7 @@ class DeviceClient:
             rate, delay = layout.hop[(v, CLOUD)]
             self.backhauls[v] = Link(rate, delay) if emulate else Link(*inf)
         self.step: StepRecord | None = None
+        self.observed: list | None = None  # a list: (layer, experts) of each decoded token's layers (adapt)
         self.fallbacks: list[dict] = FallbackLog()
         self.late_replies = 0
         self.expert_seconds = 0.0  # time spent inside expert layers during the current forward
@@ -326,6 +327,8 @@ def _make_remote_experts_class():
             rec.experts = sorted(where)
             if hidden_states.shape[0] == 1:
                 rec.predicted_s = lay.predict_layer_s(client.user, rec.experts, self.layer)
+                if client.observed is not None:
+                    client.observed.append((self.layer, tuple(rec.experts)))
             if client.step is not None:
                 client.step.layers.append(rec)
             client.expert_seconds += time.time() - t0

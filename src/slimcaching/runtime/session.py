@@ -66,6 +66,7 @@ class RunOptions:
     max_batch_rows: int = DEFAULTS.max_batch_rows  # batching across requests at the nodes (1: none)
     batch_wait_s: float = DEFAULTS.batch_wait_s
     ray_placement: dict | None = None  # --launcher ray: node -> {host} or {resources} (launch.read_ray_placement)
+    adapt: object = None  # an adaptive.ControllerConfig: re-place experts live as routing drifts (one user)
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
@@ -189,7 +190,7 @@ class Device:
 
 
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
-                   counter=None, between_tokens=None, keyring=None, on_fallback=None) -> dict:
+                   counter=None, between_tokens=None, keyring=None, on_fallback=None, on_device=None) -> dict:
     """One user's device: load the dense part and local experts, generate every prompt (with a
     :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned;
     ``on_fallback(entry)`` hears of each fallback as it happens)."""
@@ -197,6 +198,8 @@ def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str]
 
     lay = ctx.layout
     device = Device(ctx, user, addresses, opts, keyring, on_fallback=on_fallback)
+    if on_device is not None:
+        on_device(device)
 
     def tick():
         if counter is not None:  # (shared array, this device's slot): no lock needed
@@ -283,7 +286,7 @@ def _token_rows(session: dict) -> list[dict]:
             br["pace_pad_s"] += step["dense_pad_s"]
             br["overhead_s"] = max(0.0, step["measured_s"] - sum(v for k, v in br.items() if k != "overhead_s"))
             rows.append({
-                "user": session["user"], "prompt": res["prompt"], "step": si,
+                "user": session["user"], "prompt": res["prompt"], "step": si, "t0": step.get("t0"),
                 "measured_s": step["measured_s"], "predicted_s": step["predicted_s"],
                 "ratio": step["measured_s"] / step["predicted_s"] if step["predicted_s"] else None,
                 "route": [{"layer": rec.layer, "experts": rec.experts,
@@ -318,6 +321,9 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     if opts.reference:
         say("reference: monolithic model")
         reference = _reference(ctx, opts)
+    if opts.adapt is not None and len(users) != 1:
+        raise ScenarioError("adapt", "re-places experts for one user's device (give --users with one name)")
+    adapt_report = None
     workdir = Path(tempfile.mkdtemp(prefix="slimcaching-cluster-"))
     counter = TokenCounter(len(users))
     t_start = time.time()
@@ -336,13 +342,28 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
         try:
             say(f"generating for {', '.join(users)}")
             if len(users) == 1:
+                controller = {}
+
+                def with_device(device) -> None:
+                    if opts.adapt is not None:
+                        from slimcaching.runtime.adapt import RuntimeController  # optional extra (runtime)
+
+                        controller["c"] = RuntimeController(ctx, cluster, device.client, opts.adapt, say)
+
+                def between() -> None:
+                    chaos.due()
+                    if "c" in controller:
+                        controller["c"].on_token()
+
                 try:
                     sessions = [device_session(ctx, users[0], opts.prompts, cluster.addresses, opts,
-                                               (counter.slots, 0), between_tokens=chaos.due,
+                                               (counter.slots, 0), between_tokens=between,
                                                keyring=cluster.keyring(users[0]),
-                                               on_fallback=lambda f: say(describe_fallback(f)))]
+                                               on_fallback=lambda f: say(describe_fallback(f)), on_device=with_device)]
                 except ClusterError as exc:
                     raise ScenarioError("cluster", str(exc)) from None
+                if "c" in controller:
+                    adapt_report = controller["c"].finish()
             else:
                 pool_ctx = mp.get_context("spawn")
                 with pool_ctx.Pool(len(users), initializer=_init_worker, initargs=(counter.slots,)) as pool:
@@ -362,7 +383,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
         nodes = cluster.status()
         for n, st in nodes.items():
             st["rss_at_start_bytes"] = start_rss[n]
-            st["experts_held"] = len(lay.held[n])
+            st["experts_held"] = st["held"] if isinstance(st.get("held"), int) else len(lay.held[n])  # now
             if getattr(cluster.nodes[n], "ray_node", None):
                 st["ray_node"] = cluster.nodes[n].ray_node  # where Ray placed it
         events = cluster.events
@@ -370,6 +391,11 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     report = run_report(ctx, opts, users, sessions, reference, nodes, events, wall)
     if opts.rate:
         report["load"] = load_comparison(ctx, opts, users, sessions, report)
+    if adapt_report is not None:
+        from slimcaching.runtime.adapt import stall_report  # optional extra (runtime: msgpack)
+
+        adapt_report.update(stall_report(report["per_token"], adapt_report["events"]))
+        report["adapt"] = adapt_report
     return report
 
 
@@ -517,4 +543,10 @@ def run_rows(report: dict) -> list[tuple[str, str]]:
     nfb = len(report["fallbacks"]["devices"]) + sum(len(v) for v in report["fallbacks"]["nodes"].values())
     if report["failures"] or nfb:
         rows.append(("failures / fallbacks", f"{len(report['failures'])} / {nfb}"))
+    if "adapt" in report:
+        ad = report["adapt"]
+        moved = sum(e["bytes_moved"] for e in ad["events"])
+        rows.append(("live re-placements (checks)", f"{ad['migrations']} ({ad['checks']}), {moved / 1e6:.2f} MB moved"))
+        if "p99_ratio" in ad:
+            rows.append(("p99 per token while migrating / before", f"{ad['p99_ratio']:.2f}"))
     return rows
