@@ -134,24 +134,7 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
         where = f"users[{i}]" if i < len(sin.users) else f"user {u.name!r}"
         if u.home not in snames:
             raise ScenarioError(f"{where}.home", "unknown home server", u.home)
-        total = 0.0
-        for j, w in enumerate(u.workload):
-            if w.model not in mby:
-                raise ScenarioError(f"{where}.workload[{j}].model", "unknown model", w.model)
-            if w.profile not in profiles:
-                if w.profile.endswith((".json", ".npz")) and w.profile not in sin.profiles:
-                    profiles[w.profile] = _resolve_profile(w.profile, {"file": w.profile}, mby, base_dir)
-                elif w.profile in sin.profiles:
-                    raise ScenarioError(f"{where}.workload[{j}].profile", "profile has errors (above)", w.profile)
-                else:
-                    raise ScenarioError(f"{where}.workload[{j}].profile", "unknown profile", w.profile)
-            if profiles[w.profile].model != w.model:
-                raise ScenarioError(f"{where}.workload[{j}].profile",
-                                    f"profile is for model {profiles[w.profile].model!r}, not {w.model!r}",
-                                    w.profile)
-            total += w.weight
-        if abs(total - 1.0) > 1e-6:
-            raise ScenarioError(f"{where}.workload", f"weights sum to {total!r}, not 1")
+        check_workload(u.workload, f"{where}.workload", mby, profiles, sin.profiles, base_dir)
         if u.local_cache is not None:
             check_local_cache(u, mby, where)
         seen_reach = {u.home}
@@ -191,6 +174,28 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
     return sc
 
 
+def check_workload(workload, where: str, mby: dict, profiles: dict, declared: dict, base_dir: Path) -> None:
+    """A workload's entries: known models, profiles of that model (a profile file named directly is
+    loaded into ``profiles``), weights summing to 1; a :class:`ScenarioError` naming the spot."""
+    total = 0.0
+    for j, w in enumerate(workload):
+        if w.model not in mby:
+            raise ScenarioError(f"{where}[{j}].model", "unknown model", w.model)
+        if w.profile not in profiles:
+            if w.profile.endswith((".json", ".npz")) and w.profile not in declared:
+                profiles[w.profile] = _resolve_profile(w.profile, {"file": w.profile}, mby, base_dir)
+            elif w.profile in declared:
+                raise ScenarioError(f"{where}[{j}].profile", "profile has errors (above)", w.profile)
+            else:
+                raise ScenarioError(f"{where}[{j}].profile", "unknown profile", w.profile)
+        if profiles[w.profile].model != w.model:
+            raise ScenarioError(f"{where}[{j}].profile",
+                                f"profile is for model {profiles[w.profile].model!r}, not {w.model!r}", w.profile)
+        total += w.weight
+    if abs(total - 1.0) > 1e-6:
+        raise ScenarioError(where, f"weights sum to {total!r}, not 1")
+
+
 def _resolve_phases(sin: ScenarioIn, users: list[User], mby: dict, profiles: dict, base_dir: Path) -> list[Phase]:
     """The phases of a drifting workload, each change's users named (groups expanded) and its
     workload checked like a user's (models, profiles of that model, weights summing to 1)."""
@@ -222,22 +227,7 @@ def _resolve_phases(sin: ScenarioIn, users: list[User], mby: dict, profiles: dic
                     raise ScenarioError(f"{where}.groups", f"unknown user group prefix (groups: "
                                         f"{', '.join(groups) or 'none'})", g)
                 who.extend(groups[g])
-            total = 0.0
-            for j, w in enumerate(ch.workload):
-                if w.model not in mby:
-                    raise ScenarioError(f"{where}.workload[{j}].model", "unknown model", w.model)
-                if w.profile not in profiles:
-                    if w.profile.endswith((".json", ".npz")):
-                        profiles[w.profile] = _resolve_profile(w.profile, {"file": w.profile}, mby, base_dir)
-                    else:
-                        raise ScenarioError(f"{where}.workload[{j}].profile", "unknown profile", w.profile)
-                if profiles[w.profile].model != w.model:
-                    raise ScenarioError(f"{where}.workload[{j}].profile",
-                                        f"profile is for model {profiles[w.profile].model!r}, not {w.model!r}",
-                                        w.profile)
-                total += w.weight
-            if abs(total - 1.0) > 1e-6:
-                raise ScenarioError(f"{where}.workload", f"weights sum to {total!r}, not 1")
+            check_workload(ch.workload, f"{where}.workload", mby, profiles, sin.profiles, base_dir)
             entries = tuple(WorkloadEntry(w.model, w.weight, w.profile) for w in ch.workload)
             for u in who:
                 if u in changes:
