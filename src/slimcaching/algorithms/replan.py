@@ -80,11 +80,13 @@ def keep_old(problem: Problem, x: np.ndarray, old: np.ndarray) -> np.ndarray:
 
 
 def fill_budget(problem: Problem, x: np.ndarray, old: np.ndarray, costs: MoveCosts, horizon: float,
-                budget: float, max_evaluations: int = 4000) -> np.ndarray:
+                budget: float, max_evaluations: int | None = None) -> np.ndarray:
     """Local search under the byte budget: the best single change (add a copy that fits, or swap
     one in for one held at that server) that lowers J and keeps the bytes moved within ``budget``,
     repeated while one improves (at most ``max_evaluations`` objective evaluations: bounded on
     large instances). What a price per byte leaves of the budget is used here."""
+    if max_evaluations is None:  # each evaluation is one objective over every row: bounded work, not count
+        max_evaluations = int(np.clip(5e7 / max(1, len(problem.row_weight) * problem.row_items.shape[1]), 50, 4000))
     x = x.copy()
     cur = replan_objective(problem, x, old, costs, horizon)
     evals = 0

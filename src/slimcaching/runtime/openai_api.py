@@ -232,7 +232,8 @@ class API:
 
     def _params(self, req: _Common, prompt_ids: list[int], max_tokens: int | None, param: str) -> SamplingParams:
         if not prompt_ids:
-            raise APIError(400, "the prompt is empty (no tokens)", "prompt" if param == "max_tokens" else "messages")
+            where = "messages" if isinstance(req, ChatRequest) else "prompt"
+            raise APIError(400, "the prompt is empty (no tokens)", where)
         if len(prompt_ids) > limit("request_rows"):
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens, over the request_rows limit of "
                            f"{limit('request_rows')}", "prompt")
