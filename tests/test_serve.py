@@ -242,6 +242,17 @@ def test_bad_requests_get_the_openai_error_shape(slim):
     assert slim.client.completions.create(model="tiny", prompt="w1", max_tokens=1).usage.completion_tokens == 1
 
 
+def test_a_client_that_hangs_up_mid_body_is_no_error_and_the_server_serves_on(slim, caplog):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", slim.http.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 9999\r\n\r\n{\"model\": ")  # then hangs up
+    time.sleep(0.5)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no "Exception in ASGI application"
+    assert slim.client.completions.create(model="tiny", prompt="w1", max_tokens=1).usage.completion_tokens == 1
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_device(slim):
     import socket
 

@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -196,10 +196,13 @@ class API:
         if size is not None and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
             raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY_BYTES:
+                    raise APIError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing to log
+            raise APIError(400, "the client disconnected before sending its whole body") from None
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
