@@ -4,6 +4,7 @@ experts on a stationary workload and does after a task switch, and ``experiment 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -12,16 +13,19 @@ import pytest
 from helpers import tiny_scenario_dict
 from slimcaching.adaptive import (
     ControllerConfig,
+    changed,
     decide,
     empirical_profile,
     estimate_problem,
+    observed_tokens,
     sample_tokens,
     split_window,
+    token_variance,
 )
 from slimcaching.algorithms import solve
 from slimcaching.cli import main
 from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.scenario import resolve_local_caches, resolve_scenario
 
 
 def test_sampled_tokens_estimate_the_profile():
@@ -56,7 +60,7 @@ def test_the_controller_does_not_move_experts_on_a_stationary_workload():
     cfg = ControllerConfig(window_tokens=2000, check_tokens=1000, horizon_tokens=20000.0)
     for _ in range(8):
         a, b = split_window(sample_tokens(sc, cfg.window_tokens, rng))
-        d = decide(estimate_problem(sc, a), estimate_problem(sc, b), x, cfg)
+        d = decide(estimate_problem(sc, a), estimate_problem(sc, b), x, cfg, observed_tokens(b))
         assert not d.switched, (d.predicted_gain_token_s, d.migration_cost_token_s)
         x = d.x
     # after a drift it moves (the gain is real): every profile's popular experts rotate by two
@@ -70,10 +74,60 @@ def test_the_controller_does_not_move_experts_on_a_stationary_workload():
     moved = False
     for _ in range(3):
         a, b = split_window(sample_tokens(drifted, 4000, rng))
-        d = decide(estimate_problem(drifted, a), estimate_problem(drifted, b), x, cfg)
+        d = decide(estimate_problem(drifted, a), estimate_problem(drifted, b), x, cfg, observed_tokens(b))
         moved |= d.switched
         x = d.x
     assert moved and p2.objective(x) < before
+
+
+def test_token_variance_equals_brute_force():
+    """A token: an entry by its weight, then one row per layer by its probability; its latency is
+    the rows' sum. Enumerating every such token gives the exact variance (and mean)."""
+    import itertools
+
+    sc = resolve_scenario(tiny_scenario_dict(4, servers=2, users=3, experts=4, layers=2))
+    p = build_problem(sc)
+    rng = np.random.default_rng(1)
+    shape = p.empty_placement().shape
+    x, y = rng.random(shape) < 0.4, rng.random(shape) < 0.4
+    for other in (None, y):
+        d = p.row_latency(x) - (p.row_latency(other) if other is not None else 0.0)
+        w = p.entry_weight / p.entry_weight.sum()
+        values, probs = [], []
+        for e in range(len(w)):
+            per_layer = [np.nonzero((p.row_entry == e) & (p.row_layer == la))[0]
+                         for la in sorted(set(p.row_layer[p.row_entry == e]))]
+            for combo in itertools.product(*per_layer):
+                values.append(sum(d[r] for r in combo))
+                probs.append(w[e] * np.prod([p.row_prob[r] for r in combo]))
+        values, probs = np.array(values), np.array(probs)
+        assert probs.sum() == pytest.approx(1.0)
+        mean = probs @ values
+        assert token_variance(p, x, other) == pytest.approx(probs @ (values - mean) ** 2, rel=1e-9, abs=1e-15)
+        if other is None:  # the mean is the objective without its dense term
+            assert mean == pytest.approx(p.objective(x) - p.dense_term)
+
+
+def test_a_change_point_is_found_after_a_switch_and_not_on_a_stationary_workload():
+    data = tiny_scenario_dict(3, servers=3, users=4, experts=4, layers=2)
+    sc = resolve_scenario(data)
+    x = solve(build_problem(sc), "slimcaching").x
+    cfg = ControllerConfig(window_tokens=4000, check_tokens=1000)
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        recent, older = sample_tokens(sc, 1000, rng), sample_tokens(sc, 3000, rng)
+        assert not changed(estimate_problem(sc, recent), estimate_problem(sc, older), x, cfg, 1000, 3000)
+    for prof in data["profiles"].values():
+        for layer in prof["layers"]:
+            layer["sets"] = [sorted((e + 2) % 4 for e in s) for s in layer["sets"]]
+    # the devices keep their caches: the controller plans with the ones they have
+    caches = {u.name: u.local_cache for u in resolve_local_caches(sc).users}
+    drifted = resolve_scenario(data)
+    drifted.users = [dataclasses.replace(u, local_cache=caches[u.name]) for u in drifted.users]
+    recent, older = sample_tokens(drifted, 1000, rng), sample_tokens(sc, 3000, rng)
+    assert changed(estimate_problem(drifted, recent), estimate_problem(drifted, older), x, cfg, 1000, 3000)
+    off = ControllerConfig(change_threshold=0.0)
+    assert not changed(estimate_problem(drifted, recent), estimate_problem(drifted, older), x, off, 1000, 3000)
 
 
 def test_experiment_drift_quick(tmp_path):
@@ -82,7 +136,7 @@ def test_experiment_drift_quick(tmp_path):
         assert (tmp_path / f"drift.{ext}").stat().st_size > 0
     rows = list(csv.DictReader((tmp_path / "drift.csv").open()))
     assert {r["pattern"] for r in rows} == {"task-switch", "daily-mix", "rotation"}
-    assert {r["strategy"] for r in rows} == {"static", "periodic", "adaptive", "oracle"}
+    assert {r["strategy"] for r in rows} == {"static", "periodic", "adaptive", "clairvoyant", "oracle"}
 
     def total(pattern, strategy, col):
         return sum(float(r[col]) for r in rows if r["pattern"] == pattern and r["strategy"] == strategy)
@@ -95,6 +149,7 @@ def test_experiment_drift_quick(tmp_path):
         assert total(pat, "static", "migrated") == 0 and total(pat, "static", "bytes_moved") == 0
         assert total(pat, "adaptive", "bytes_moved") < total(pat, "periodic", "bytes_moved")
         assert mean(pat, "oracle") <= min(mean(pat, s) for s in ("static", "periodic", "adaptive")) + 1e-9
+        assert total(pat, "clairvoyant", "migrated") <= 2  # at phase changes only
     md = (tmp_path / "drift.md").read_text()
     assert "adaptive vs oracle" in md and "after the task switch" in md
     assert main(["report", str(tmp_path)]) == 0

@@ -8,11 +8,21 @@ per model (what the routers did lately), plans on the first half with
 :func:`slimcaching.algorithms.replan.replan` (latency over ``horizon_tokens`` plus the migration's
 cost), and judges the plan on the second, held-out half. It switches when
 
-    H * (T_B(x_now) - T_B(x_new)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now)
+    H * (G - z * se(G)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now)
 
-(the gain over the horizon on tokens the plan did not see, after the moves' cost, beats a share of
-the current latency). A plan fitted to one half's sampling noise gains nothing on the other half,
-so a stationary workload does not move experts back and forth.
+with G = T_B(x_now) - T_B(x_new) the gain per token on tokens the plan did not see and se(G) its
+standard error over the held-out tokens (:func:`token_variance`: a token's latency is the sum of
+its layers', drawn independently given its user and model): the gain's lower confidence bound over
+the horizon, after the moves' cost, must beat a share of the current latency. A plan fitted to
+one half's sampling noise gains nothing on the other half, and a gain within the held-out
+tokens' noise is not taken, so a stationary workload does not move experts back and forth.
+
+A window that straddles a change of workload plans for a mix of the old and the new one. So each
+check first tests for a change point: when the current placement's latency on the last
+``check_tokens`` tokens differs from its latency on the rest of the window by more than
+``change_threshold`` (relative) and by more than ``z`` standard errors of the difference, the
+tokens before the last check are dropped from the window (:func:`changed`); the window then grows
+again from the change.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from slimcaching.algorithms.replan import replan
 from slimcaching.migration import move_costs
 from slimcaching.problem import Problem, build_problem
 from slimcaching.profiles import LayerProfile, Profile
-from slimcaching.scenario import Scenario, WorkloadEntry
+from slimcaching.scenario import Scenario, WorkloadEntry, resolve_local_caches
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,8 @@ class ControllerConfig:
     horizon_tokens: float = 20000.0
     hysteresis: float = 0.02
     algorithm: str = "slimcaching"
+    change_threshold: float = 0.1  # relative latency shift that restarts the window (0: never)
+    z: float = 2.0  # standard errors a gain (or a change) must clear: ~2.3% one-sided false alarms
 
 
 def token_sources(sc: Scenario) -> tuple[list[tuple[int, str]], np.ndarray]:
@@ -83,7 +95,10 @@ def empirical_profile(model: str, layers: list[np.ndarray]) -> Profile:
 
 def estimated_scenario(sc: Scenario, observed: dict[int, list[np.ndarray]]) -> Scenario:
     """``sc`` with every user's entries of a model pooled into that model's observed profile (the
-    user's share of each model kept): what the controller believes the workload is."""
+    user's share of each model kept): what the controller believes the workload is. The devices'
+    caches are facts, not estimates: each user keeps the cache ``sc`` gives it (resolved from the
+    true profiles), not one its policy would pick for the estimate."""
+    sc = resolve_local_caches(sc)
     est = copy.copy(sc)
     est._index = {}
     est.profiles = dict(sc.profiles)
@@ -115,9 +130,39 @@ class Decision:
     estimated_latency_s: float
 
 
-def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: ControllerConfig) -> Decision:
+def token_variance(problem: Problem, x: np.ndarray, x_other: np.ndarray | None = None) -> float:
+    """Variance of one token's latency under ``x`` (or of its latency difference ``x - x_other``)
+    when a token is drawn as the problem's workload says: an entry (user, model) by its weight,
+    then each layer's set by its probability, independently across layers. Seconds squared."""
+    d = problem.row_latency(x)
+    if x_other is not None:
+        d = d - problem.row_latency(x_other)
+    if not len(d):
+        return 0.0
+    key = problem.row_entry * (int(problem.row_layer.max()) + 1) + problem.row_layer  # (entry, layer)
+    p = problem.row_prob
+    n_keys = int(key.max()) + 1
+    mean_el = np.bincount(key, weights=p * d, minlength=n_keys)
+    var_el = np.maximum(np.bincount(key, weights=p * d * d, minlength=n_keys) - mean_el ** 2, 0.0)
+    entry_of_key = np.zeros(n_keys, np.int64)
+    entry_of_key[key] = problem.row_entry
+    n_entries = len(problem.entry_weight)
+    mean_e = np.bincount(entry_of_key, weights=mean_el, minlength=n_entries)
+    var_e = np.bincount(entry_of_key, weights=var_el, minlength=n_entries)
+    w = problem.entry_weight / problem.entry_weight.sum()
+    return float(max(w @ (var_e + mean_e ** 2) - (w @ mean_e) ** 2, 0.0))
+
+
+def observed_tokens(observed: dict[int, list[np.ndarray]]) -> int:
+    """How many tokens ``observed`` holds (all models)."""
+    return int(sum(len(layers[0]) for layers in observed.values() if layers))
+
+
+def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: ControllerConfig,
+           judge_tokens: int | None = None) -> Decision:
     """One check of the controller: plan on ``plan_on`` (one half of the window), judge on
-    ``judge_on`` (the other half); see the module docstring."""
+    ``judge_on`` (the other half, ``judge_tokens`` tokens: without it no standard error is
+    charged); see the module docstring."""
     h = config.horizon_tokens
     pl = replan(plan_on, x_now, h, None, config.algorithm, costs=move_costs(plan_on, x_now))
     costs = move_costs(judge_on, x_now)
@@ -125,8 +170,23 @@ def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: Contr
     moved = pl.x & ~x_now
     cost = float(costs.impact[moved].sum())
     gain = h * (t_now - t_new)
-    switch = moved.any() and gain - cost > config.hysteresis * h * t_now
+    se = (float(np.sqrt(token_variance(judge_on, x_now, pl.x) / judge_tokens))
+          if judge_tokens and moved.any() else 0.0)
+    switch = moved.any() and gain - h * config.z * se - cost > config.hysteresis * h * t_now
     return Decision(bool(switch), pl.x if switch else x_now, gain, cost, t_now)
+
+
+def changed(recent: Problem, older: Problem, x_now: np.ndarray, config: ControllerConfig,
+            recent_tokens: int, older_tokens: int) -> bool:
+    """A change point: the placement's latency on the ``recent`` tokens (the last check's) differs
+    from that on the ``older`` ones (the rest of the window) by more than ``change_threshold``
+    (relative) and by more than ``z`` standard errors of the difference of the two means."""
+    if config.change_threshold <= 0 or recent_tokens < 1 or older_tokens < 1:
+        return False
+    t_old = older.objective(x_now)
+    diff = abs(recent.objective(x_now) - t_old)
+    se = np.sqrt(token_variance(recent, x_now) / recent_tokens + token_variance(older, x_now) / older_tokens)
+    return bool(diff > config.change_threshold * t_old and diff > config.z * se)
 
 
 def split_window(observed: dict[int, list[np.ndarray]]) -> tuple[dict, dict]:

@@ -2,7 +2,8 @@
 observations, re-placing experts live (the nodes' ``relayout``).
 
 The device records which experts each decoded token's layers chose. Every ``check_tokens`` tokens
-the controller takes the last ``window_tokens`` of them, plans on one half and judges on the other
+the controller takes the last ``window_tokens`` of them (from the last change point on,
+:func:`slimcaching.adaptive.changed`), plans on one half and judges on the other
 (:func:`slimcaching.adaptive.decide`), and when it switches sends the new placement to every edge
 server from a thread of its own: the device generates on meanwhile (the nodes serve under the old
 layout until each has loaded what it gains), and when every node has answered, the device's
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from slimcaching.adaptive import ControllerConfig, decide, estimate_problem, split_window
+from slimcaching.adaptive import ControllerConfig, changed, decide, estimate_problem, observed_tokens, split_window
 from slimcaching.migration import migration_summary, move_costs
 from slimcaching.problem import build_problem
 from slimcaching.runtime import protocol
@@ -43,12 +44,15 @@ class RuntimeController:
         self.events: list[dict] = []
         self.checks = 0
         self.busy: threading.Thread | None = None
-        self.rng = np.random.default_rng(0)
+        self.since = 0  # recorded tokens before the last change point are out of the window
 
     def _observed(self) -> dict[int, list[np.ndarray]] | None:
-        """The window's tokens as per-layer sets (only tokens whose every layer was recorded)."""
+        """The window's tokens as per-layer sets (only tokens whose every layer was recorded), from
+        the last change point on."""
         layers = self.ctx.layout.layers
-        obs = self.client.observed[-self.config.window_tokens * layers:]
+        recorded = len(self.client.observed) // layers
+        window = min(self.config.window_tokens, recorded - self.since)
+        obs = self.client.observed[len(self.client.observed) - window * layers:] if window > 0 else []
         tokens = len(obs) // layers
         if tokens < 4:
             return None
@@ -70,9 +74,17 @@ class RuntimeController:
         if obs is None:
             return
         self.checks += 1
+        sc, c = self.ctx.scenario, self.config.check_tokens
+        n = observed_tokens(obs)
+        if n >= 2 * c:
+            recent = {m: [sets[n - c:] for sets in layers] for m, layers in obs.items()}
+            older = {m: [sets[:n - c] for sets in layers] for m, layers in obs.items()}
+            if changed(estimate_problem(sc, recent), estimate_problem(sc, older), self.x, self.config, c, n - c):
+                self.since = len(self.client.observed) // self.ctx.layout.layers - c
+                obs = recent
         half_a, half_b = split_window(obs)
-        d = decide(estimate_problem(self.ctx.scenario, half_a), estimate_problem(self.ctx.scenario, half_b),
-                   self.x, self.config)
+        d = decide(estimate_problem(sc, half_a), estimate_problem(sc, half_b), self.x, self.config,
+                   observed_tokens(half_b))
         if not d.switched:
             return
         self.version += 1
