@@ -9,7 +9,10 @@ Sections (all by default):
   its ``deliver_at`` and reports when it released it; error = released - (sent + 8 S / rate +
   RTT/2), also for bursts of 4 back-to-back messages (queueing on a busy link);
 * ``overhead``: per-token time of ``cluster run --no-emulate`` (no pacing) against the monolithic
-  model, on a tiny model;
+  model, on a tiny model, 3 servers and the cloud;
+* ``pair``: the same for a device and one server holding every expert, less the transport's own
+  round trip (pyzmq with CURVE to an echo process, layer-sized messages): the runtime's software
+  time per MoE layer;
 * ``predicted``: ``cluster run --pace`` with emulation, three placements x two link profiles:
   measured / predicted per token (median), and whether placements rank as predicted;
 * ``memory``: RSS per node against the experts it holds (a model with 3 MiB experts);
@@ -46,6 +49,8 @@ import sys, time, zmq
 from slimcaching.runtime import protocol
 from slimcaching.runtime.linkemu import sleep_until
 ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.setsockopt(zmq.LINGER, 0)
+if len(sys.argv) > 2:  # CURVE, as the runtime's sockets: public and secret key
+    s.curve_server = True; s.curve_publickey = sys.argv[1].encode(); s.curve_secretkey = sys.argv[2].encode()
 port = s.bind_to_random_port("tcp://127.0.0.1"); print(port, flush=True)
 while True:
     frames = s.recv_multipart(copy=False)
@@ -62,13 +67,18 @@ while True:
 '''
 
 
-def _echo():
-    p = subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
-    port = int(p.stdout.readline())
+def _echo(curve: bool = False):
     import zmq
 
+    spub, ssec = zmq.curve_keypair()
+    p = subprocess.Popen([sys.executable, "-c", ECHO] + ([spub.decode(), ssec.decode()] if curve else []),
+                         stdout=subprocess.PIPE, text=True)
+    port = int(p.stdout.readline())
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
+    if curve:
+        cpub, csec = zmq.curve_keypair()
+        s.curve_serverkey, s.curve_publickey, s.curve_secretkey = spub, cpub, csec
     s.connect(f"tcp://127.0.0.1:{port}")
     return p, s
 
@@ -199,6 +209,22 @@ def _model(tmp: Path, **kw) -> Path:
     return d
 
 
+def _overhead_run(sc: Path, pl: Path, model: Path, tmp: Path, transport: bool = False, layers: int = 2) -> dict:
+    """One ``cluster run --no-emulate``: per MoE layer, its time above the monolithic step and the
+    parts of it; with ``transport``, the transport's own round trip and the rest (software)."""
+    r = _run(sc, pl, model, tmp, "--no-emulate", tokens=24)
+    per = statistics.median(row["measured_s"] for row in r["per_token"])
+    mono = r["monolithic_mean_step_s"]
+    out = {"cluster_ms_per_token_median": 1e3 * per, "monolithic_ms_per_token": 1e3 * mono,
+           "overhead_ms_per_moe_layer": 1e3 * (per - mono) / layers, "tokens_identical": r["tokens_identical"],
+           "parts_ms_per_moe_layer": {k: 1e3 * v / layers for k, v in r["breakdown_mean_s"].items()}}
+    if transport:  # the device busy between messages for its dense part, as in the run
+        dense = statistics.median(row["breakdown"]["device_compute_s"] for row in r["per_token"]) / layers
+        out["transport_ms_per_moe_layer"] = 1e3 * raw_round_trip(64, dense)
+        out["software_ms_per_moe_layer"] = out["overhead_ms_per_moe_layer"] - out["transport_ms_per_moe_layer"]
+    return out
+
+
 def bench_overhead(tmp: Path, repeats: int = 3) -> dict:
     """Overhead per MoE layer: (cluster - monolithic) per token / MoE layers, the median of
     ``repeats`` runs (this machine's scheduling noise moves one run by a factor of 2), and each
@@ -207,19 +233,57 @@ def bench_overhead(tmp: Path, repeats: int = 3) -> dict:
     sc = _scenario(model, tmp / "oh.yaml", capacity="400 kB", access_rtt="5 ms", uplink="50 Mbit/s")
     pl = tmp / "oh-pl.json"
     _cli("solve", str(sc), "-a", "slimcaching", "-o", str(pl))
-    layers = 2
-    runs = []
-    for _ in range(repeats):
-        r = _run(sc, pl, model, tmp, "--no-emulate", tokens=24)
-        per = statistics.median(row["measured_s"] for row in r["per_token"])
-        mono = r["monolithic_mean_step_s"]
-        runs.append({"cluster_ms_per_token_median": 1e3 * per, "monolithic_ms_per_token": 1e3 * mono,
-                     "overhead_ms_per_moe_layer": 1e3 * (per - mono) / layers,
-                     "tokens_identical": r["tokens_identical"],
-                     "parts_ms_per_moe_layer": {k: 1e3 * v / layers for k, v in r["breakdown_mean_s"].items()}})
+    runs = [_overhead_run(sc, pl, model, tmp) for _ in range(repeats)]
     best = sorted(runs, key=lambda x: x["overhead_ms_per_moe_layer"])[len(runs) // 2]
     return {"overhead_ms_per_moe_layer_median_of_runs": best["overhead_ms_per_moe_layer"],
             "overhead_ms_per_moe_layer_runs": [x["overhead_ms_per_moe_layer"] for x in runs],
+            "median_run": best}
+
+
+def raw_round_trip(hidden: int, gap_s: float, n: int = 1500) -> float:
+    """Median round trip of one layer-sized message (1 x ``hidden`` float32) through pyzmq with
+    CURVE to an echo process, the sender busy for ``gap_s`` between messages (as a device computing
+    its dense part): the transport's time, with no runtime code on either side."""
+    from slimcaching.runtime import protocol
+
+    p, s = _echo(curve=True)
+    x = np.zeros((1, hidden), np.float32)
+    rts = []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            s.send_multipart(protocol.encode({"op": "ping", "id": i, "echo": True}, [x]))
+            protocol.decode([f.buffer for f in s.recv_multipart(copy=False)])
+            rts.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            while time.perf_counter() - t1 < gap_s:  # busy, as the device is: no sleep between messages
+                pass
+    finally:
+        _stop(p, s)
+    return statistics.median(rts[n // 10:])
+
+
+def bench_pair(tmp: Path, repeats: int = 3) -> dict:
+    """A device and one server (each process can have a core of this machine): the server holds
+    every expert, the device none; ``--no-emulate``. Overhead per MoE layer = (cluster per-token
+    median - monolithic step) / MoE layers; the transport's share is :func:`raw_round_trip` (one
+    round trip per layer); software = overhead - transport (target: at most 0.3 ms)."""
+    model = _model(tmp)
+    data = {"name": "bench-pair", "models": [{"name": "tiny", "hf": str(model)}], "cloud": {"flops": "100 MFLOPS"},
+            "servers": [{"name": "e0", "capacity_bytes": "100 MB", "flops": "40 MFLOPS",
+                         "cloud_rate_bps": "100 Mbit/s", "cloud_rtt_s": "30 ms"}],
+            "profiles": {"chat": {"synthetic": {"model": "tiny", "task": "sqa", "tokens": 2000}}},
+            "users": [{"name": "u0", "home": "e0", "uplink_bps": "50 Mbit/s", "downlink_bps": "100 Mbit/s",
+                       "rtt_s": "5 ms", "flops": "4 MFLOPS", "cache_bytes": "0 B",
+                       "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}]}
+    sc = tmp / "pair.yaml"
+    sc.write_text(yaml.safe_dump(data, sort_keys=False))
+    pl = tmp / "pair-pl.json"
+    _cli("solve", str(sc), "-a", "slimcaching", "-o", str(pl))
+    runs = [_overhead_run(sc, pl, model, tmp, transport=True) for _ in range(repeats)]
+    best = sorted(runs, key=lambda x: x["software_ms_per_moe_layer"])[len(runs) // 2]
+    return {"software_ms_per_moe_layer_median_of_runs": best["software_ms_per_moe_layer"],
+            "software_ms_per_moe_layer_runs": [x["software_ms_per_moe_layer"] for x in runs],
             "median_run": best}
 
 
@@ -334,7 +398,7 @@ def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), a
             "rows": rows, "cells_within_5%": f"{within}/{len(rows)}"}
 
 
-SECTIONS = ("transport", "emulation", "overhead", "predicted", "memory", "grid")
+SECTIONS = ("transport", "emulation", "overhead", "pair", "predicted", "memory", "grid")
 
 
 def main() -> None:
@@ -348,7 +412,7 @@ def main() -> None:
         for sec in a.sections:
             t0 = time.time()
             fn = globals()[f"bench_{sec}"]
-            results[sec] = fn(tmp) if sec in ("overhead", "predicted", "memory", "grid") else fn()
+            results[sec] = fn(tmp) if sec in ("overhead", "pair", "predicted", "memory", "grid") else fn()
             results[sec]["seconds"] = time.time() - t0
             print(f"== {sec} ({results[sec]['seconds']:.0f} s)")
             print(json.dumps(results[sec], indent=1, default=str))

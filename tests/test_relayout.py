@@ -73,6 +73,26 @@ def test_nodes_take_a_new_placement_mid_generation(tmp_path):
         assert np.abs(res["logits"] - r["logits"]).max() <= 1e-5
 
 
+def test_a_relaid_layout_routes_and_predicts_with_the_new_holders(tmp_path):
+    """A node's (and a device's) layout after a relayout is ``dataclasses.replace(layout, held=...)``:
+    its routing and prediction caches must not come along (they did: relays kept going to the
+    experts' old holders)."""
+    import dataclasses
+
+    d = tmp_path / "mixtral"
+    _build("mixtral", d)
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB", cache="0 B"))
+    lay = load_context(sc, solve(sc, "none", tmp_path / "none.json"), d).layout
+    assert [n for _, n in lay.candidates("e0", 0, 1)] == ["cloud"]
+    before = lay.predict_layer_s("u0", [0, 1], 0)
+    held = dict(lay.held)
+    held["e0"] = {(0, 0), (0, 1)}
+    new = dataclasses.replace(lay, held=held)
+    assert [n for _, n in new.candidates("e0", 0, 1)] == ["e0", "cloud"]
+    assert new.predict_layer_s("u0", [0, 1], 0) < before
+    assert [n for _, n in lay.candidates("e0", 0, 1)] == ["cloud"]  # the old layout is untouched
+
+
 def test_only_the_operator_may_relayout_and_the_message_is_validated():
     assert allowed("relayout", "admin", nodes={"e0"}, users={"u0"}, accepts_configure=False) is None
     for who in ("u0", "e0", "stranger"):

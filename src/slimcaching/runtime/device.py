@@ -34,7 +34,7 @@ from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import to_numpy
-from slimcaching.runtime.transport import dealer_socket
+from slimcaching.runtime.transport import dealer_socket, send_now
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
 CONNECT_GRACE_MS = 100  # a peer not connected after this long counts as down
@@ -153,7 +153,7 @@ class DeviceClient:
             for via, part in by_via.items():
                 rows = sorted({r for rs in part.values() for r in rs})
                 pos = {r: i for i, r in enumerate(rows)}
-                payload = to_numpy(x[rows])
+                payload = to_numpy(x if len(rows) == x.shape[0] else x[rows])  # rows: sorted, distinct
                 assign = [[e, [pos[r] for r in part[e]]] for e in sorted(part)]
                 groups.append((via, payload, assign))
             rec.serialise_s += time.time() - ser0
@@ -220,12 +220,7 @@ class DeviceClient:
         size = protocol.message_bytes(req.frames())
         links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
         req.deliver_at = schedule_path(links, size, time.time())  # encoded: ready to go
-        sock = self._sock(target)
-        try:
-            if not sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
-                raise zmq.Again()
-            sock.send_multipart(req.frames(), zmq.NOBLOCK)
-        except zmq.ZMQError:
+        if not send_now(self._sock(target), req.frames(), CONNECT_GRACE_MS):
             return self._failed(target, "not connected", layer, payload, assign, tag, exclude, via)
         return req.id, target, exclude, via
 
@@ -246,9 +241,11 @@ class DeviceClient:
                                                          assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
-            if not sock.poll(max(1, int(left * 1000))):
+            sock.rcvtimeo = max(1, int(left * 1000))  # block in recv itself: no poller per wait
+            try:
+                frames = sock.recv_multipart(copy=False)
+            except zmq.Again:
                 continue
-            frames = sock.recv_multipart(copy=False)
             recv_at = time.time()
             try:
                 msg = protocol.parse([f.buffer for f in frames])
@@ -295,6 +292,8 @@ def _make_remote_experts_class():
     import torch  # optional extra (hf)
 
     class _RemoteExperts(torch.nn.Module):
+        ROW0 = torch.zeros(1, dtype=torch.long)  # the rows of a decoded token
+
         def __init__(self, layer: int, client: DeviceClient, num_experts: int):
             super().__init__()
             self.layer = layer
@@ -306,25 +305,35 @@ def _make_remote_experts_class():
             weights = args[1] if len(args) > 1 else kwargs.get("top_k_weights", kwargs.get("routing_weights"))
             t0 = time.time()
             client = self.client
-            final = torch.zeros_like(hidden_states)
-            idx_t = idx.reshape(hidden_states.shape[0], -1)
-            hit = sorted(set(idx_t.reshape(-1).tolist()))
-            where = {}
-            for e in hit:
-                if e >= self.num_experts:  # expert-parallel sentinel, as the eager loop skips it
-                    continue
-                top_k_pos, token_idx = torch.where((idx_t == e).T)
-                where[e] = (token_idx, top_k_pos)
-            local = [(e, where[e][0]) for e in where if (self.layer, e) in client.local]
-            remote = {e: where[e][0].tolist() for e in where if (self.layer, e) not in client.local}
             lay = client.layout
-            pred = max([lay.best_via(client.user, self.layer, e)[0] for e in remote] or [0.0])
-            outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
-            for e in sorted(where):
-                token_idx, top_k_pos = where[e]
-                out = outputs[e] * weights[token_idx, top_k_pos, None]
-                final.index_add_(0, token_idx, out.to(final.dtype))
-            rec.experts = sorted(where)
+            final = torch.zeros_like(hidden_states)
+            if hidden_states.shape[0] == 1:  # a decoded token: the same arithmetic without the masks
+                order = sorted((e, k) for k, e in enumerate(idx.reshape(-1).tolist()) if e < self.num_experts)
+                local = [(e, self.ROW0) for e, _ in order if (self.layer, e) in client.local]
+                remote = {e: [0] for e, _ in order if (self.layer, e) not in client.local}
+                pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
+                outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
+                w = weights.reshape(1, -1)
+                for e, k in order:  # for one row, index_add_ is this add (same order, same values)
+                    final.add_((outputs[e] * w[:, k:k + 1]).to(final.dtype))
+                rec.experts = [e for e, _ in order]
+            else:
+                idx_t = idx.reshape(hidden_states.shape[0], -1)
+                where = {}
+                for e in sorted(set(idx_t.reshape(-1).tolist())):
+                    if e >= self.num_experts:  # expert-parallel sentinel, as the eager loop skips it
+                        continue
+                    top_k_pos, token_idx = torch.where((idx_t == e).T)
+                    where[e] = (token_idx, top_k_pos)
+                local = [(e, where[e][0]) for e in where if (self.layer, e) in client.local]
+                remote = {e: where[e][0].tolist() for e in where if (self.layer, e) not in client.local}
+                pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
+                outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
+                for e in sorted(where):
+                    token_idx, top_k_pos = where[e]
+                    out = outputs[e] * weights[token_idx, top_k_pos, None]
+                    final.index_add_(0, token_idx, out.to(final.dtype))
+                rec.experts = sorted(where)
             if hidden_states.shape[0] == 1:
                 rec.predicted_s = lay.predict_layer_s(client.user, rec.experts, self.layer)
                 if client.observed is not None:

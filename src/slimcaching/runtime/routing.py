@@ -57,7 +57,9 @@ class Layout:
     hidden_size: int | None = None
     wire_dtype: str | None = None  # numpy dtype of hidden states on the wire (bf16 travels as uint16)
     dtype_tag: str | None = None  # "bfloat16" when uint16 carries bf16
-    _cand: dict = field(default_factory=dict, repr=False)
+    # caches of what depends on the placement: not carried over by dataclasses.replace (a relayout)
+    _cand: dict = field(default_factory=dict, init=False, repr=False)
+    _predicted: dict = field(default_factory=dict, init=False, repr=False)
 
     def max_message_bytes(self, max_rows: int) -> int:
         """The largest frame a peer may send (ZeroMQ's ``MAXMSGSIZE``): ``max_rows`` hidden states
@@ -135,6 +137,19 @@ class Layout:
     def predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
         """T_l(S) of docs/model.md §latency (with reach: each remote expert's q_e) for the set the
         token actually used."""
+        key = (user, layer, tuple(experts))
+        if key not in self._predicted:
+            self._predicted[key] = self._predict_layer_s(user, experts, layer)
+        return self._predicted[key]
+
+    def predict_remote_s(self, user: str, experts: tuple[int, ...], layer: int) -> float:
+        """The slowest of ``experts`` (all remote) seen from ``user``: max q_e (0 for none)."""
+        key = (user, layer, experts, "remote")
+        if key not in self._predicted:
+            self._predicted[key] = max([self.best_via(user, layer, e)[0] for e in experts] or [0.0])
+        return self._predicted[key]
+
+    def _predict_layer_s(self, user: str, experts: list[int], layer: int) -> float:
         local = self.local[user]
         t_local = self.user_exec_s[user] if any((layer, e) in local for e in experts) else 0.0
         remote = [e for e in experts if (layer, e) not in local]

@@ -44,7 +44,7 @@ from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
 from slimcaching.runtime.tensors import to_numpy, to_torch
-from slimcaching.runtime.transport import dealer_socket
+from slimcaching.runtime.transport import dealer_socket, send_now
 from slimcaching.runtime.weights import run_expert
 
 CONNECT_GRACE_MS = 100
@@ -164,15 +164,7 @@ class HostExperts:
                                            protocol.message_bytes(req.frames()), time.time())
             expected = lay.relay_s[(self.node, holder)] + lay.paced_exec_s(holder, len(rows))
             sock = self._sock(holder)
-            sent = False
-            if sock is not None:
-                try:
-                    if sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
-                        sock.send_multipart(req.frames(), zmq.NOBLOCK)
-                        sent = True
-                except zmq.ZMQError:
-                    sent = False
-            if not sent:
+            if sock is None or not send_now(sock, req.frames(), CONNECT_GRACE_MS):
                 self._failed(holder, layer, es, "not connected")
                 out.update(self._send(layer, x, {e: remote[e] for e in es}, exclude | {holder}))
                 continue
@@ -544,11 +536,7 @@ class SplitClient:
 
     def _exchange(self, target: str, req: SplitStep, deadline: float):
         sock = self._sock(target)
-        try:
-            if not sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT):
-                return "not connected"
-            sock.send_multipart(req.frames(), zmq.NOBLOCK)
-        except zmq.ZMQError:
+        if not send_now(sock, req.frames(), CONNECT_GRACE_MS):
             return "not connected"
         while True:
             left = deadline - time.time()
