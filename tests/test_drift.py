@@ -165,3 +165,44 @@ def test_unknown_drift_pattern_is_one_line(pattern):
     with pytest.raises(ScenarioError) as exc:
         drift_scenario(resolve_scenario(tiny_scenario_dict(0)), pattern, 100)
     assert exc.value.field == "pattern"
+
+
+def _trace(rng, popularity, tokens, layers=2, k=2):
+    experts = len(popularity)
+    return np.array([[rng.choice(experts, k, replace=False, p=popularity) for _ in range(layers)]
+                     for _ in range(tokens)], np.int64)
+
+
+def test_experiment_drift_replays_routing_traces(tmp_path, capsys):
+    """Two traces (the popular experts move from 0-1 to 6-7): one phase each; the controller sees
+    the traces' own tokens and follows the switch; a trace that fits no model is one line."""
+    import yaml
+
+    data = tiny_scenario_dict(3, servers=3, users=6, experts=8, layers=2, capacity_experts=3.0)
+    (tmp_path / "sc.yaml").write_text(yaml.safe_dump(data))
+    rng = np.random.default_rng(0)
+    pop = np.array([0.3, 0.3, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
+    np.save(tmp_path / "a.npy", _trace(rng, pop, 1500))
+    np.save(tmp_path / "b.npy", _trace(rng, pop[::-1].copy(), 1500))
+    out = tmp_path / "out"
+    assert main(["-q", "experiment", "drift", "--quick", "--scenario", str(tmp_path / "sc.yaml"), "--trace",
+                 str(tmp_path / "a.npy"), "--trace", str(tmp_path / "b.npy"), "--phase-tokens", "2000",
+                 "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "drift.csv").open()))
+    assert {r["pattern"] for r in rows} == {"trace"} and {r["phase"] for r in rows} == {"trace0", "trace1"}
+
+    def of(strategy, phase=None):
+        return [r for r in rows if r["strategy"] == strategy and (phase is None or r["phase"] == phase)]
+
+    assert sum(int(r["migrated"]) for r in of("adaptive", "trace0")) == 0  # planned for trace 0 already
+    assert sum(int(r["migrated"]) for r in of("adaptive", "trace1")) >= 1  # follows the switch
+    last = lambda s: float(of(s, "trace1")[-1]["latency_ms"])  # noqa: E731
+    assert last("adaptive") < last("static")
+    capsys.readouterr()
+    np.save(tmp_path / "bad.npy", np.zeros((10, 3, 2), np.int64))  # 3 layers: no model has them
+    assert main(["experiment", "drift", "--quick", "--scenario", str(tmp_path / "sc.yaml"), "--trace",
+                 str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace" in err[0] and "3 MoE layers" in err[0], err
+    assert main(["experiment", "capacity", "--trace", str(tmp_path / "a.npy"), "--out", str(tmp_path / "c")]) == 2
+    assert "only with the drift experiment" in capsys.readouterr().err

@@ -38,7 +38,12 @@ def experiment(
     exact_limit: Annotated[float, typer.Option("--exact-limit", min=0.0, help="Also run 'exact' with this time "
                                                "limit (s); 0: off.")] = 0.0,
     scenario: Annotated[str | None, typer.Option("--scenario", help="Sweep on top of this scenario file "
-                                                 "(capacity, local-cache, bandwidth, communication).")] = None,
+                                                 "(capacity, local-cache, bandwidth, communication; "
+                                                 "drift with --trace).")] = None,
+    trace: Annotated[list[Path] | None, typer.Option("--trace", help="drift: replay these routing traces "
+                                                     "(.trace.npz or .npy), one phase each, in order.")] = None,
+    phase_tokens: Annotated[int | None, typer.Option("--phase-tokens", min=1, help="drift: tokens per "
+                                                     "phase (default 40000; --quick 6000).")] = None,
 ) -> None:
     """Run one experiment of the paper (or all) and write CSV, PNG/SVG figures and a summary."""
     names = list(EXPERIMENTS) + ["drift"] if name == "all" else [name]
@@ -49,8 +54,9 @@ def experiment(
         raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     if address is not None and backend != "ray":
         raise ScenarioError("--address", "only with --backend ray", address)
-    if scenario is not None:
-        read_scenario(scenario)
+    if (trace or phase_tokens is not None) and "drift" not in names:
+        raise ScenarioError("--trace" if trace else "--phase-tokens", "only with the drift experiment", name)
+    loaded = read_scenario(scenario) if scenario is not None else None
     # points done / total, elapsed and the estimate left; no bar in logs and pipes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, disable=not show_progress()) as progress:
@@ -61,7 +67,9 @@ def experiment(
                 progress.update(task, completed=done, total=total)
 
             if n == "drift":  # a time series, not a sweep: its own runner (experiments/drift.py)
-                path = run_drift(out_dir, quick=quick, progress=report)
+                with flags(trace="--trace", scenario="--scenario"):
+                    path = run_drift(out_dir, quick=quick, progress=report, traces=trace,
+                                     scenario=loaded if trace else None, phase_tokens=phase_tokens)
                 console.print(f"drift: wrote {path}, drift.png, drift.svg, drift.md")
                 continue
 

@@ -3,7 +3,10 @@
 Drift patterns, built from a scenario whose profiles are named ``<task>/<model>`` with tasks
 ``sqa`` and ``vqa`` (the generator's, so the default scenario): ``task-switch`` (every user from
 sqa to vqa halfway), ``daily-mix`` (the vqa share of every user's workload 0, 1/2, 1 over three
-phases), ``rotation`` (sqa's popular experts rotate: expert e becomes e + k s mod E in phase k).
+phases), ``rotation`` (sqa's popular experts rotate: expert e becomes e + k s mod E in phase k);
+and ``trace``: recorded routing replayed (``experiment drift --trace A.trace.npz --trace B.npy
+[--scenario SC]``, :func:`trace_scenario`): one phase per trace, the controller observing the
+trace's own tokens in order.
 
 Strategies, all evaluated on the true workload of each interval (``check_tokens`` tokens):
 
@@ -50,7 +53,7 @@ from slimcaching.fileio import atomic_write
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.migration import migration_summary, move_costs
 from slimcaching.problem import build_problem
-from slimcaching.profiles import LayerProfile, Profile
+from slimcaching.profiles import LayerProfile, Profile, profile_from_trace
 from slimcaching.scenario import (
     Phase,
     Scenario,
@@ -59,7 +62,7 @@ from slimcaching.scenario import (
     resolve_scenario,
     scenario_at_phase,
 )
-from slimcaching.simulate import simulate_tokens
+from slimcaching.simulate import load_trace_array, simulate_tokens
 
 PATTERNS = ("task-switch", "daily-mix", "rotation")
 STRATEGIES = ("static", "periodic", "adaptive", "clairvoyant", "oracle")
@@ -130,6 +133,10 @@ def drift_scenario(base: Scenario, pattern: str, phase_tokens: int) -> Scenario:
                 sc.profiles[f"sqa/{m.name}@rot{k}"] = _rotated(base.profiles[f"sqa/{m.name}"], shift, m.experts)
             phases.append(Phase(f"rotation{k}", phase_tokens, mix(0.0, f"@rot{k}")))
         sc.phases = phases
+    return _first_phase_caches(sc)
+
+
+def _first_phase_caches(sc: Scenario) -> Scenario:
     # devices keep the caches their policy picked for the first phase: the edge placement is what
     # adapts, and no strategy learns of a change from the devices' caches switching with it
     first = {u.name: u.local_cache for u in resolve_local_caches(scenario_at_phase(sc, 0)).users}
@@ -137,9 +144,45 @@ def drift_scenario(base: Scenario, pattern: str, phase_tokens: int) -> Scenario:
     return sc
 
 
+def trace_scenario(base: Scenario, traces: list[np.ndarray], phase_tokens: int) -> tuple[Scenario, int]:
+    """``base`` with one phase per routing trace (tokens, layers, K), in order: in phase k every
+    user's entries of the traced model route as trace k did (its profile; the controller observes
+    its tokens themselves, in order). The traced model is the first whose layers, experts and K
+    fit every trace. Returns the scenario and the model's index."""
+    if not traces:
+        raise ScenarioError("trace", "give at least one routing trace")
+    fits = [mi for mi, m in enumerate(base.models)
+            if all(t.shape[1] == m.layers and t.shape[2] == m.top_k and 0 <= int(t.min()) and int(t.max()) < m.experts
+                   for t in traces)]
+    if not fits:
+        t = traces[0]
+        raise ScenarioError("trace", f"no model of the scenario has {t.shape[1]} MoE layers, top-{t.shape[2]} routing "
+                            f"and experts 0..{int(t.max())} (models: "
+                            + ", ".join(f"{m.name}: {m.layers} layers, {m.experts} experts, top-{m.top_k}"
+                                        for m in base.models) + ")")
+    model = base.models[fits[0]]
+    sc = copy.copy(base)
+    sc._index = {}
+    sc.profiles = dict(base.profiles)
+    phases = []
+    for k, t in enumerate(traces):
+        name = f"trace{k}/{model.name}"
+        sc.profiles[name] = profile_from_trace(t, model.name, {"source": f"trace {k}"})
+        changes = {}
+        for u in sc.users:
+            if any(w.model == model.name for w in u.workload):
+                changes[u.name] = tuple(WorkloadEntry(w.model, w.weight, name) if w.model == model.name else w
+                                        for w in u.workload)
+        phases.append(Phase(f"trace{k}", phase_tokens, changes))
+    sc.phases = phases
+    return _first_phase_caches(sc), fits[0]
+
+
 def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings, seed: int = 0,
-                progress=None) -> list[dict]:
-    """One drift run: every strategy over the phases of ``sc`` (built by :func:`drift_scenario`)."""
+                progress=None, replay: tuple[int, list[np.ndarray]] | None = None) -> list[dict]:
+    """One drift run: every strategy over the phases of ``sc`` (built by :func:`drift_scenario` or
+    :func:`trace_scenario`). ``replay``: (model index, one trace per phase): that model's observed
+    tokens are the trace's own, in order (cycled), not draws from its profile."""
     cfg = settings.controller
     c = cfg.check_tokens
     truth = [build_problem(scenario_at_phase(sc, k)) for k in range(len(sc.phases))]
@@ -156,6 +199,10 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
             n = int(min(t_end, bounds[k + 1]) - max(lo, bounds[k]))
             if n > 0:
                 for m, layers in sample_tokens(scenario_at_phase(sc, k), n, rng).items():
+                    if replay is not None and m == replay[0]:  # the trace's tokens from where the window starts
+                        trace = replay[1][k]
+                        pos = (int(max(lo, bounds[k]) - bounds[k]) + np.arange(len(layers[0]))) % len(trace)
+                        layers = [np.sort(trace[pos, li, :], axis=1) for li in range(trace.shape[1])]
                     pooled.setdefault(m, []).append(layers)
         return {m: [np.concatenate([part[li] for part in parts]) for li in range(len(parts[0]))]
                 for m, parts in pooled.items()}
@@ -221,16 +268,34 @@ def drift_scenarios(quick: bool, seed: int = 0, only: tuple[str, ...] = SCENARIO
 
 
 def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None,
-              only: tuple[str, ...] = SCENARIOS) -> Path:
-    """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV."""
+              only: tuple[str, ...] = SCENARIOS, traces: list[str] | None = None, scenario: Scenario | None = None,
+              phase_tokens: int | None = None) -> Path:
+    """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV.
+
+    With ``traces`` (``.trace.npz`` or ``.npy`` routing traces, :func:`trace_scenario`) the one
+    pattern is ``trace``: one phase per trace, on ``scenario`` (default: the built-in one)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = []
-    runs = [(label, sc, pat) for label, sc in drift_scenarios(quick, seed, only) for pat in PATTERNS]
-    per = {label: QUICK if quick else LARGE if label == "50x5000" else FULL for label, _, _ in runs}
+    base = QUICK if quick else FULL
+    if phase_tokens is not None:
+        if phase_tokens < base.controller.check_tokens:
+            raise ScenarioError("--phase-tokens", f"must be at least a check ({base.controller.check_tokens} tokens)",
+                                phase_tokens)
+        base = dataclasses.replace(base, phase_tokens=int(phase_tokens), controller=dataclasses.replace(
+            base.controller, horizon_tokens=float(phase_tokens)))
+    if traces:
+        arrays = [load_trace_array(t) for t in traces]
+        sc = scenario if scenario is not None else drift_scenarios(quick, seed, ("default",))[0][1]
+        label = "trace replay"
+        built, model = trace_scenario(sc, arrays, base.phase_tokens)
+        runs = [(label, built, "trace", (model, arrays))]
+    else:
+        runs = [(label, drift_scenario(sc, pat, base.phase_tokens if label != "50x5000" else LARGE.phase_tokens),
+                 pat, None) for label, sc in drift_scenarios(quick, seed, only) for pat in PATTERNS]
+    per = {label: LARGE if label == "50x5000" and not quick else base for label, _, _, _ in runs}
     settings = next(iter(per.values()), FULL)  # every setting has the same phases
-    total = sum(len(STRATEGIES) * sum(ph.tokens for ph in drift_scenario(sc, pat, per[label].phase_tokens).phases)
-                // per[label].controller.check_tokens for label, sc, pat in runs)
+    total = sum(len(STRATEGIES) * sum(ph.tokens for ph in sc.phases) // per[label].controller.check_tokens
+                for label, sc, _, _ in runs)
     done = [0]
 
     def tick():
@@ -238,8 +303,9 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
         if progress is not None:
             progress(done[0], total)
 
-    for label, sc, pat in runs:
-        rows += run_pattern(drift_scenario(sc, pat, per[label].phase_tokens), label, pat, per[label], seed, tick)
+    out.mkdir(parents=True, exist_ok=True)
+    for label, sc, pat, replay in runs:
+        rows += run_pattern(sc, label, pat, per[label], seed, tick, replay)
     path = out / "drift.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
