@@ -358,12 +358,12 @@ def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), a
     from slimcaching.evaluation import placement_breakdown, problem_for
     from slimcaching.placement import load_placement
     from slimcaching.problem import build_problem
-    from slimcaching.runtime.calibrate import calibrate, message_overhead
+    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
     from slimcaching.scenario import load_scenario
 
     model = _model(tmp, layers=3, experts=6)
     cal = calibrate(str(model))
-    cal.update(message_overhead(str(model)))
+    cal.update(message_overhead(str(model), gap_s=dense_gap_s(cal)))
     rows = []
     for rtt in rtts:
         for speed in speeds:

@@ -575,11 +575,11 @@ def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
     fast links is nearer the model's per-token prediction than the same model without the overhead
     predicts it (CI-sized: the suite's other tests load the machine between calibration and run,
     so the bound is loose; the grid, within 5% on a quiet machine, is benchmarks/bench_runtime.py grid)."""
-    from slimcaching.runtime.calibrate import calibrate, message_overhead
+    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
 
     d = model_dirs("mixtral")
     cal = calibrate(str(d), tokens=8)
-    o = message_overhead(str(d), rounds=30)["message_overhead_s"]
+    o = message_overhead(str(d), rounds=30, gap_s=dense_gap_s(cal))["message_overhead_s"]
     speed = 0.9 * cal["dense_flops_per_s"]  # FLOP/s; pacing pads up only: a margin for jitter
     data = scenario_dict(d, capacity="20 kB", users=1, rtt="0.5 ms", link_rtt="0.5 ms", cloud_rtt="2 ms",
                          user_flops=speed, server_flops=speed, cloud_flops=speed)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from slimcaching.cli.common import flags, out
 from slimcaching.cli.runtime_options import ModelOpt
-from slimcaching.runtime.calibrate import calibrate, calibration_rows, message_overhead
+from slimcaching.runtime.calibrate import calibrate, calibration_rows, dense_gap_s, message_overhead
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -29,7 +29,7 @@ def calibrate_cmd(
     with flags(model="--model"):
         r = calibrate(str(model), tokens)
         if rounds:
-            r.update(message_overhead(str(model), rounds))
+            r.update(message_overhead(str(model), rounds, gap_s=dense_gap_s(r)))
     if as_json:
         sys.stdout.write(json.dumps(r, allow_nan=False) + "\n")
         return
