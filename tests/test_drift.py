@@ -199,10 +199,19 @@ def test_experiment_drift_replays_routing_traces(tmp_path, capsys):
     last = lambda s: float(of(s, "trace1")[-1]["latency_ms"])  # noqa: E731
     assert last("adaptive") < last("static")
     capsys.readouterr()
-    np.save(tmp_path / "bad.npy", np.zeros((10, 3, 2), np.int64))  # 3 layers: no model has them
+    np.save(tmp_path / "bad.npy", _trace(rng, pop, 10, layers=3))  # 3 layers: no model has them
     assert main(["experiment", "drift", "--quick", "--scenario", str(tmp_path / "sc.yaml"), "--trace",
                  str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--trace" in err[0] and "3 MoE layers" in err[0], err
+    twice = _trace(rng, pop, 10)
+    twice[4, 1] = [3, 3]  # top-K routing never picks one expert twice
+    for bad, why in ((twice, "twice in layer 1"), (-np.ones((10, 2, 2), np.int64), ">= 0"),
+                     (np.zeros((10, 2, 0), np.int64), "none of them 0")):
+        np.save(tmp_path / "bad.npy", bad)
+        assert main(["experiment", "drift", "--quick", "--scenario", str(tmp_path / "sc.yaml"), "--trace",
+                     str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err
     assert main(["experiment", "capacity", "--trace", str(tmp_path / "a.npy"), "--out", str(tmp_path / "c")]) == 2
     assert "only with the drift experiment" in capsys.readouterr().err

@@ -137,9 +137,19 @@ def load_trace_array(path) -> np.ndarray:
         arr = np.stack(tr.experts, axis=1)
     else:
         raise ScenarioError("trace", "expected a .npy or .trace.npz file", str(path))
-    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer) or arr.shape[0] == 0:
-        raise ScenarioError("trace", "expected integer expert ids of shape (tokens, layers, K)", arr.shape)
-    return arr.astype(np.int64)
+    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer) or 0 in arr.shape:
+        raise ScenarioError("trace", "expected integer expert ids of shape (tokens, layers, K), none of them 0",
+                            arr.shape)
+    arr = arr.astype(np.int64)
+    if arr.min() < 0:
+        raise ScenarioError("trace", "expert ids must be >= 0", int(arr.min()))
+    ordered = np.sort(arr, axis=2)
+    twice = (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=2)
+    if twice.any():  # top-K routing picks K distinct experts: such a row is no co-activation set
+        token, layer = (int(v) for v in np.argwhere(twice)[0])
+        raise ScenarioError("trace", f"token {token} chose one expert twice in layer {layer}",
+                            arr[token, layer].tolist())
+    return arr
 
 
 def replay_trace(problem: Problem, x: np.ndarray, trace: np.ndarray, user: str, model: str) -> dict:

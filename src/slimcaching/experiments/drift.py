@@ -152,12 +152,11 @@ def trace_scenario(base: Scenario, traces: list[np.ndarray], phase_tokens: int) 
     if not traces:
         raise ScenarioError("trace", "give at least one routing trace")
     fits = [mi for mi, m in enumerate(base.models)
-            if all(t.shape[1] == m.layers and t.shape[2] == m.top_k and 0 <= int(t.min()) and int(t.max()) < m.experts
-                   for t in traces)]
+            if all(t.shape[1] == m.layers and t.shape[2] == m.top_k and int(t.max()) < m.experts for t in traces)]
     if not fits:
         t = traces[0]
         raise ScenarioError("trace", f"no model of the scenario has {t.shape[1]} MoE layers, top-{t.shape[2]} routing "
-                            f"and experts 0..{int(t.max())} (models: "
+                            f"and at least {int(t.max()) + 1} experts (models: "
                             + ", ".join(f"{m.name}: {m.layers} layers, {m.experts} experts, top-{m.top_k}"
                                         for m in base.models) + ")")
     model = base.models[fits[0]]
@@ -283,6 +282,10 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
                                 phase_tokens)
         base = dataclasses.replace(base, phase_tokens=int(phase_tokens), controller=dataclasses.replace(
             base.controller, horizon_tokens=float(phase_tokens)))
+
+    def settings_of(label: str) -> DriftSettings:
+        return LARGE if label == "50x5000" and not quick else base
+
     if traces:
         arrays = [load_trace_array(t) for t in traces]
         sc = scenario if scenario is not None else drift_scenarios(quick, seed, ("default",))[0][1]
@@ -290,9 +293,9 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
         built, model = trace_scenario(sc, arrays, base.phase_tokens)
         runs = [(label, built, "trace", (model, arrays))]
     else:
-        runs = [(label, drift_scenario(sc, pat, base.phase_tokens if label != "50x5000" else LARGE.phase_tokens),
-                 pat, None) for label, sc in drift_scenarios(quick, seed, only) for pat in PATTERNS]
-    per = {label: LARGE if label == "50x5000" and not quick else base for label, _, _, _ in runs}
+        runs = [(label, drift_scenario(sc, pat, settings_of(label).phase_tokens), pat, None)
+                for label, sc in drift_scenarios(quick, seed, only) for pat in PATTERNS]
+    per = {label: settings_of(label) for label, _, _, _ in runs}
     settings = next(iter(per.values()), FULL)  # every setting has the same phases
     total = sum(len(STRATEGIES) * sum(ph.tokens for ph in sc.phases) // per[label].controller.check_tokens
                 for label, sc, _, _ in runs)

@@ -307,34 +307,33 @@ def _make_remote_experts_class():
             client = self.client
             lay = client.layout
             final = torch.zeros_like(hidden_states)
-            if hidden_states.shape[0] == 1:  # a decoded token: the same arithmetic without the masks
-                order = sorted((e, k) for k, e in enumerate(idx.reshape(-1).tolist()) if e < self.num_experts)
-                local = [(e, self.ROW0) for e, _ in order if (self.layer, e) in client.local]
-                remote = {e: [0] for e, _ in order if (self.layer, e) not in client.local}
-                pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
-                outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
-                w = weights.reshape(1, -1)
-                for e, k in order:  # for one row, index_add_ is this add (same order, same values)
-                    final.add_((outputs[e] * w[:, k:k + 1]).to(final.dtype))
-                rec.experts = [e for e, _ in order]
+            one = hidden_states.shape[0] == 1  # a decoded token: its experts read directly, no masks
+            where = {}  # expert -> (token rows, top-k slots)
+            if one:
+                for k, e in enumerate(idx.reshape(-1).tolist()):
+                    if e < self.num_experts:
+                        where[e] = (self.ROW0, k)
             else:
                 idx_t = idx.reshape(hidden_states.shape[0], -1)
-                where = {}
                 for e in sorted(set(idx_t.reshape(-1).tolist())):
                     if e >= self.num_experts:  # expert-parallel sentinel, as the eager loop skips it
                         continue
                     top_k_pos, token_idx = torch.where((idx_t == e).T)
                     where[e] = (token_idx, top_k_pos)
-                local = [(e, where[e][0]) for e in where if (self.layer, e) in client.local]
-                remote = {e: where[e][0].tolist() for e in where if (self.layer, e) not in client.local}
-                pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
-                outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
-                for e in sorted(where):
-                    token_idx, top_k_pos = where[e]
+            local = [(e, where[e][0]) for e in sorted(where) if (self.layer, e) in client.local]
+            remote = {e: where[e][0].tolist() for e in sorted(where) if (self.layer, e) not in client.local}
+            pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
+            outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
+            w = weights.reshape(hidden_states.shape[0], -1)
+            for e in sorted(where):
+                token_idx, top_k_pos = where[e]
+                if one:  # for one row, index_add_ is this add (same order, same values)
+                    final.add_((outputs[e] * w[:, top_k_pos:top_k_pos + 1]).to(final.dtype))
+                else:
                     out = outputs[e] * weights[token_idx, top_k_pos, None]
                     final.index_add_(0, token_idx, out.to(final.dtype))
-                rec.experts = sorted(where)
-            if hidden_states.shape[0] == 1:
+            rec.experts = sorted(where)
+            if one:
                 rec.predicted_s = lay.predict_layer_s(client.user, rec.experts, self.layer)
                 if client.observed is not None:
                     client.observed.append((self.layer, tuple(rec.experts)))
