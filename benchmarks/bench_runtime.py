@@ -340,7 +340,8 @@ def grid_scenario(model_dir: Path, path: Path, cal: dict, *, rtt_s: float, serve
     links = [{"a": f"e{i}", "b": f"e{(i + 1) % 3}", "rate_bps": "1 Gbit/s", "rtt_s": rtt_s} for i in range(3)]
     users = [{"name": f"u{i}", "home": f"e{i}", "uplink_bps": "50 Mbit/s", "downlink_bps": "100 Mbit/s",
               "rtt_s": rtt_s, "flops": 0.9 * cal["dense_flops_per_s"], "cache_bytes": "0 B",
-              "message_overhead_s": o["device"], "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
+              "message_overhead_s": o["device"], "split_device_s": cal["split_device_s"] if overhead else 0.0,
+              "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
              for i in range(3)]
     data = {"name": "bench-grid", "models": [{"name": "tiny", "hf": str(model_dir)}],
             "cloud": {"flops": 0.9 * cal["dense_flops_per_s"], "message_overhead_s": o["cloud"]},

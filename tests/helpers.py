@@ -82,6 +82,9 @@ def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts:
         ro = np.random.default_rng([seed, 11])
         for node in srv + usr + [cloud]:
             node["message_overhead_s"] = float(ro.uniform(0.0, 0.002))
+        rs = np.random.default_rng([seed, 13])  # and the devices' own split-style time
+        for u in usr:
+            u["split_device_s"] = float(rs.uniform(0.0, 0.004))
     return {"name": "tiny", "models": mods, "cloud": cloud, "servers": srv,
             "server_links": lks, "profiles": profiles, "users": usr}
 
@@ -236,11 +239,12 @@ def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set
                             tot += w.weight / wsum * p * max(r_from(n, (m.name, layer, e)) for e in sset)
                 return tot
 
-            cloud = min(a + up(v) for v, a in access) \
+            own = getattr(u, "split_device_s", 0.0)  # the device's part of a split-style token
+            cloud = own + min(a + up(v) for v, a in access) \
                 + _exec(m.dense_flops, m.dense_bytes, sc.cloud.flops, sc.cloud.mem_bandwidth) + m.layers * t_cl(m)
             split = {}
             for n, s in srv.items():
-                split[n] = (min(a + relay(v, n) for v, a in access)
+                split[n] = (own + min(a + relay(v, n) for v, a in access)
                             + _exec(m.dense_flops, m.dense_bytes, s.flops, s.mem_bandwidth) + layers_from(n))
             one = copy.copy(sc)
             one._index = {}

@@ -307,7 +307,8 @@ def cases() -> list[Case]:
     fields = ([f"models__0__{f}" for f in ("layers", "experts", "top_k", "expert_bytes", "expert_flops",
                                            "hidden_bytes", "dense_bytes", "dense_flops")]
               + ["cloud__flops", "cloud__mem_bandwidth", "cloud__message_overhead_s",
-                 "servers__0__message_overhead_s", "users__0__message_overhead_s"]
+                 "servers__0__message_overhead_s", "users__0__message_overhead_s",
+                 "users__0__split_device_s"]
               + [f"servers__0__{f}" for f in ("capacity_bytes", "flops", "mem_bandwidth", "cloud_rate_bps",
                                               "cloud_rtt_s")]
               + [f"server_links__0__{f}" for f in ("rate_bps", "rtt_s")]

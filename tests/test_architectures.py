@@ -298,3 +298,35 @@ def test_queueing_split_style_matches_analytic_at_low_load_and_queues_at_high(na
     assert high["mean_token_latency_s"] > low["mean_token_latency_s"]
     busy = max(list(high["server_utilisation"].values()) + list(high["backhaul_utilisation"].values()))
     assert busy > 100 * max(list(low["server_utilisation"].values()) + list(low["backhaul_utilisation"].values()))
+
+
+def test_split_device_time_adds_to_split_options_only():
+    """``split_device_s`` (the device's own part of a split-style token) adds exactly s_u to every
+    split option of the user's pairs and nothing to SlimCaching-style ones; zero leaves every number
+    as it was; large enough, the hybrid serves the pair SlimCaching-style instead."""
+    from slimcaching.architectures import SLIM, pair_options, serve
+
+    kw = dict(seed=5, servers=3, users=4, experts=4, top_k=2, layers=2, models=2, capacity_experts=55)
+    d = tiny_scenario_dict(**kw)
+    base = _problem(**kw)
+    pl = solve(base, "u-shaped")
+    before = pair_options(base, pl.x)
+    own = [0.0, 0.003, 0.0, 0.5]
+    for u, s in zip(d["users"], own):
+        u["split_device_s"] = s
+    sc = resolve_scenario(d)
+    assert canonical_dict(resolve_scenario(canonical_dict(sc))) == canonical_dict(sc)
+    assert "split_device_s" not in canonical_dict(resolve_scenario(tiny_scenario_dict(**kw)))["users"][0]
+    problem = build_problem(sc)
+    after = pair_options(problem, pl.x)
+    s_c = np.array([own[problem.class_users[c][0]] for c in range(len(problem.class_users))])
+    assert np.array_equal(after.slim, before.slim)
+    assert np.allclose(after.split - before.split, s_c[:, None, None], rtol=0, atol=1e-15)
+    assert np.allclose(after.cloud - before.cloud, s_c[:, None], rtol=0, atol=1e-15)
+    choice, _ = serve(problem, after, pl.dense, "hybrid")
+    slow = problem.class_users.index([3])
+    w = problem.class_model_weight[slow] > 0
+    assert (choice[slow][w] == SLIM).all()  # half a second per token split-style: never worth it
+    both = mean_latency(problem, pl.x, pl.dense, "u-shaped") - mean_latency(base, pl.x, pl.dense, "u-shaped")
+    rates = np.array([u["rate"] for u in d["users"]])
+    assert both == pytest.approx(float(rates @ own / rates.sum()), rel=1e-9)  # every pair split-style

@@ -559,6 +559,7 @@ def test_calibrate_prints_flops_and_message_overhead(model_dirs, capsys):
     assert main(["calibrate", "--model", str(d), "--tokens", "4", "--rounds", "20", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["dense_flops_per_s"] > 0 and r["expert_flops_per_s"] > 0 and r["expert_s"] > 0
+    assert 0 < r["split_device_s"] < r["decode_step_s"]  # embedding and head: a small part of a step
     o, t, c = r["message_overhead_s"], r["round_trip_s"], r["compute_s"]
     assert set(o) == {"device", "server", "cloud"} and all(v >= 0 for v in o.values())
     # the three round trips solved by the model's formula: 2 (o_a + o_b) per request and reply

@@ -150,3 +150,29 @@ def test_cluster_run_executes_a_hybrid_placement(model_dirs, tmp_path):
         u: w for u, w in rep["architectures"].items()}
     assert len(rep["per_token"]) == 3 * 3 and all(r["predicted_s"] > 0 for r in rep["per_token"])
 
+
+
+def test_the_devices_split_time_is_predicted_and_paced(model_dirs, tmp_path):
+    """A user's ``split_device_s`` is in each decoded split step's prediction (exactly: the same
+    step predicted without it, plus it) and with ``--pace`` the device's own part is padded to it;
+    tokens unchanged."""
+    d = model_dirs("qwen3_moe")
+    data = scenario_dict(d, capacity="10 MB", cache="4 kB", users=2)
+    bare = write_scenario(tmp_path / "bare.yaml", data)
+    for u in data["users"]:
+        u["split_device_s"] = "15 ms"
+    sc = write_scenario(tmp_path / "sc.yaml", data)
+    pl = solve(sc, "u-shaped", tmp_path / "u.json")
+    ctx, without = load_context(sc, pl, d), load_context(bare, pl, d).layout
+    assert ctx.layout.user_split_s["u0"] == pytest.approx(0.015)
+    opts = RunOptions(str(sc), str(pl), str(d), prompts=PROMPTS[:1], max_new_tokens=4, emulate=False, pace=True)
+    ref = _reference(ctx, opts)[0]["tokens"]
+    with thread_cluster(ctx) as (_, addrs):
+        res = device_session(ctx, "u0", PROMPTS[:1], addrs, opts)["results"][0]
+    assert res["tokens"] == ref
+    decoded = [st for st in res["steps"] if st["tokens"] == 1]
+    assert decoded
+    for st in decoded:
+        sets = [r.experts for r in st["layers"]]
+        assert st["predicted_s"] == pytest.approx(without.predict_split_s("u0", st["host"], sets) + 0.015, abs=1e-12)
+        assert st["dense_real_s"] + st["dense_pad_s"] >= 0.015 - 1e-3 and st["measured_s"] >= 0.015

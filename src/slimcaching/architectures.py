@@ -109,10 +109,12 @@ def pair_options(problem: Problem, x: np.ndarray, slim: bool = True) -> PairOpti
             values[name] = r[:ns][:, items].max(axis=2) @ prob
         c, m = p.entry_class[e], p.entry_model[e]
         layers_part[c, m] += p.entry_weight[e] / p.class_model_weight[c, m] * values[name]
-    access = p.class_access[:, :, None] + np.transpose(p.home_relay[p.class_home], (0, 2, 1))  # [C, M, N]
+    # the access round trip, the relay to n and the device's own part (embedding, head, sampling)
+    own = p.class_split_device[:, None]
+    access = (p.class_access + own)[:, :, None] + np.transpose(p.home_relay[p.class_home], (0, 2, 1))  # [C, M, N]
     split = access + d_server.T[None, :, :] + layers_part
     n_layers = np.array([m.layers for m in p.scenario.models], float)
-    cloud = p.class_access + p.home_cloud_relay[p.class_home] + (d_cloud + n_layers * p.cloud_exec)[None, :]
+    cloud = p.class_access + own + p.home_cloud_relay[p.class_home] + (d_cloud + n_layers * p.cloud_exec)[None, :]
     if slim:
         q = per_class_problem(p)
         lat = q.row_latency(x)
@@ -307,10 +309,11 @@ def latency_parts(problem: Problem, x: np.ndarray, dense: np.ndarray | None, lat
             parts[c, m] = slim_parts[c, m]
         elif ch == CLOUD:
             parts[c, m] = (p.class_access[c, m], 0.0, p.home_cloud_relay[p.class_home[c], m],
-                           d_cloud[m] + n_layers[m] * p.cloud_exec[m])
+                           d_cloud[m] + n_layers[m] * p.cloud_exec[m] + p.class_split_device[c])
         else:
             lp = split_layer_parts[c, m, ch]
-            parts[c, m] = (p.class_access[c, m], relay_edge[c, m, ch] + lp[0], lp[1], d_server[ch, m] + lp[2])
+            parts[c, m] = (p.class_access[c, m], relay_edge[c, m, ch] + lp[0], lp[1],
+                           d_server[ch, m] + lp[2] + p.class_split_device[c])
     return choice, lat, parts
 
 

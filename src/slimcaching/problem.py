@@ -108,6 +108,7 @@ class Problem:
     home_cloud_relay: np.ndarray = None  # [H, M] relay part of cloud_cost
     access_delta: np.ndarray = None  # [H, N, M] a_{u,v} - a_{u,home} for v in V_u, inf otherwise
     entry_profile: list = None  # profile name of each workload entry
+    class_split_device: np.ndarray = None  # [C] the device's own time per token when split-style
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -123,6 +124,8 @@ class Problem:
             for h in range(self.holder_cost.shape[0]):
                 d[h, self.home_server[h], :] = 0.0
             self.access_delta = d
+        if self.class_split_device is None:
+            self.class_split_device = np.zeros(len(self.class_home))
 
     @property
     def n_homes(self) -> int:
@@ -311,7 +314,7 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     for ui, u in enumerate(sc.users):
         key = (u.home, u.uplink_bps, u.downlink_bps, u.rtt_s, u.flops, u.mem_bandwidth,
                tuple((w.model, w.weight, w.profile) for w in u.workload), tuple(sorted(u.local_cache)), u.reach,
-               u.message_overhead_s)
+               u.message_overhead_s, u.split_device_s)
         if key not in keys:
             keys[key] = len(class_users)
             class_users.append([])
@@ -442,6 +445,7 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         entry_weight=np.array([e[2] for e in entries], float),
         dense_term=dense_term, total_rate=total_rate, home_server=home_server, home_relay=home_relay,
         home_cloud_relay=home_cloud_relay, access_delta=access_delta, entry_profile=[e[4] for e in entries],
+        class_split_device=np.array([sc.users[us[0]].split_device_s for us in class_users], float),
     )
     if merge_rows:
         out._cache["merged_rows"] = True

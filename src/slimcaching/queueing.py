@@ -170,15 +170,16 @@ def simulate_queueing(problem: Problem, x: np.ndarray, tokens: int, load: float 
             continue
         g = problem.class_home[c]
         a = problem.class_access[c, m]
+        own = problem.class_split_device[c]  # the device's own part, before its request leaves (private: no queue)
         if how[e] < 0:  # split through the cloud: one request over the cheapest reached backhaul
             v = int(np.argmin(problem.access_delta[g, :, m] + problem.home_cloud_relay[:n, m]))
             a_v = a + problem.access_delta[g, v, m]
             cloud_split[t] = (v, a_v)
-            heapq.heappush(heap, (arrivals[t] + a_v / 2, t, 0))
+            heapq.heappush(heap, (arrivals[t] + own + a_v / 2, t, 0))
             continue
         s = int(how[e])
         half = (a + problem.home_relay[g, s, m]) / 2
-        heapq.heappush(heap, (arrivals[t] + half, t, 0))
+        heapq.heappush(heap, (arrivals[t] + own + half, t, 0))
     while heap:
         now, t, step = heapq.heappop(heap)
         if t in parts:  # a batch it is in may have grown since: finish when the last of them does

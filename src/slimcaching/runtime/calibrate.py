@@ -39,6 +39,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.hf import find_moe_layers, load_model
 from slimcaching.model_dir import model_numbers
 from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.tensors import to_numpy
 from slimcaching.runtime.weights import expert_source, run_expert
 
 
@@ -84,7 +85,34 @@ def calibrate(model_dir: str, tokens: int = 32) -> dict:
     dense = max(step - nums["layers"] * nums["top_k"] * expert, 1e-9)
     return {"model": model_dir, "decode_step_s": step, "dense_s": dense, "expert_s": expert,
             "dense_flops_per_s": nums["dense_flops"] / dense, "expert_flops_per_s": nums["expert_flops"] / expert,
-            "tokens": tokens, "moe_layers": nums["layers"]}
+            "split_device_s": split_device_time(model, tokens), "tokens": tokens, "moe_layers": nums["layers"]}
+
+
+def split_device_time(model, tokens: int = 32, wait_s: float = 0.01) -> float:
+    """The device's own time per token when served split-style (the scenario's ``split_device_s``):
+    the median of ``tokens`` runs of what the runtime's split device does around its one round
+    trip: embed the token; wait ``wait_s`` as for the split host's reply; the head on the hidden
+    state and the next token's choice. The wait matters: after it the head runs from cold caches
+    (here 0.09 ms per token without a wait, 0.3-0.5 ms after 4-50 ms), and generation always waits."""
+    import torch  # optional extra (hf)
+
+    from slimcaching.runtime.split import pick_token  # optional extra (runtime: pyzmq)
+
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    times, tok = [], 1
+    with torch.no_grad():
+        for _ in range(tokens + 1):
+            t0 = time.perf_counter()
+            x = to_numpy(embed(torch.tensor([[tok]]))[0])
+            tag = "bfloat16" if model.dtype == torch.bfloat16 else None
+            before = time.perf_counter() - t0
+            time.sleep(wait_s)
+            t1 = time.perf_counter()
+            tok, _ = pick_token(head, x, tag, eos)
+            times.append(before + time.perf_counter() - t1)
+    return statistics.median(times[1:])
 
 
 def _overhead_cluster(model_dir: str, work: Path) -> tuple[Path, Path]:
@@ -169,7 +197,8 @@ def calibration_rows(r: dict) -> list[tuple[str, str]]:
     rows = [("dense part per decoded token", f"{1e3 * r['dense_s']:.3f} ms"),
             ("one expert, one token", f"{1e3 * r['expert_s']:.3f} ms"),
             ("flops for the dense part (device)", f"{r['dense_flops_per_s']:.4g} FLOP/s"),
-            ("flops for experts (server / device)", f"{r['expert_flops_per_s']:.4g} FLOP/s")]
+            ("flops for experts (server / device)", f"{r['expert_flops_per_s']:.4g} FLOP/s"),
+            ("split_device_s (device, per token split-style)", f"{1e3 * r['split_device_s']:.3f} ms")]
     rows += [(f"message_overhead_s ({who})", f"{1e3 * v:.3f} ms") for who, v in
              (r.get("message_overhead_s") or {}).items()]
     return rows

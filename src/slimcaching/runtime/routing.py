@@ -38,6 +38,7 @@ class Layout:
     local: dict[str, set[tuple[int, int]]]  # user -> device cache of this model
     user_exec_s: dict[str, float] = field(default_factory=dict)  # user -> t_u
     user_dense_s: dict[str, float] = field(default_factory=dict)  # user -> exec_u(dense)
+    user_split_s: dict[str, float] = field(default_factory=dict)  # user -> its own part when split-style
     access: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # user -> up, down, rtt
     homes: dict[str, str] = field(default_factory=dict)  # user -> home server
     node_hw: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # node -> flops, mem bw
@@ -80,10 +81,10 @@ class Layout:
 
     def predict_split_s(self, user: str, host: str, sets: list[list[int]]) -> float:
         """U_{u,m}(host) of docs/model.md §architectures for the sets a token actually used (one
-        list of experts per layer): access, relay to the host, its dense part, and per layer the
-        slowest expert seen from the host."""
+        list of experts per layer): the device's own part (``split_device_s``), access, relay to the
+        host, its dense part, and per layer the slowest expert seen from the host."""
         layers = sum(max(self.candidates(host, layer, e)[0][0] for e in s) for layer, s in enumerate(sets) if s)
-        return self.best_via_to(user, host)[0] + self.paced_dense_s(host, 1) + layers
+        return self.user_split_s.get(user, 0.0) + self.best_via_to(user, host)[0] + self.paced_dense_s(host, 1) + layers
 
     def candidates(self, home: str, layer: int, expert: int) -> list[tuple[float, str]]:
         """Holders of (layer, expert) reachable from ``home``, cheapest first (ties: node order)."""
@@ -203,7 +204,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
         user_exec[u.name] = exec_time(m.expert_flops, m.expert_bytes, u.flops, u.mem_bandwidth)
         user_dense[u.name] = exec_time(m.dense_flops, m.dense_bytes, u.flops, u.mem_bandwidth)
     return Layout(model, m.layers, m.experts, m.hidden_bytes, nodes, held, exec_s, relay, paths, hop, local,
-                  user_exec, user_dense,
+                  user_exec, user_dense, {u.name: u.split_device_s for u in sc.users},
                   access={u.name: (u.uplink_bps, u.downlink_bps, u.rtt_s) for u in sc.users},
                   homes={u.name: u.home for u in sc.users},
                   node_hw={**{s.name: (s.flops, s.mem_bandwidth) for s in sc.servers},

@@ -179,8 +179,9 @@ class Device:
         if self.split:
             from slimcaching.runtime.split import generate_split  # optional extra (runtime: pyzmq)
 
+            own = self.layout.user_split_s.get(self.user, 0.0) if self.pace else 0.0
             return generate_split(self.model, self.tokenizer, prompt, max_new_tokens, self.client, on_token=on_token,
-                                  arrivals=arrivals, session_prefix=session_prefix, decoding=decoding)
+                                  arrivals=arrivals, session_prefix=session_prefix, decoding=decoding, pace_s=own)
         return generate(self.model, self.tokenizer, prompt, max_new_tokens, self.client, pace=self.pace,
                         dense_s=self.layout.user_dense_s[self.user], dense_exec=self.dense_exec, on_token=on_token,
                         arrivals=arrivals, decoding=decoding)

@@ -243,7 +243,6 @@ def _make_host_experts_module():
         def forward(self, hidden_states, *args, **kwargs):
             idx = args[0] if args else kwargs.get("top_k_index", kwargs.get("router_indices"))
             weights = args[1] if len(args) > 1 else kwargs.get("top_k_weights", kwargs.get("routing_weights"))
-            t0 = time.time()
             final = torch.zeros_like(hidden_states)
             idx_t = idx.reshape(hidden_states.shape[0], -1)
             where = {}
@@ -252,14 +251,17 @@ def _make_host_experts_module():
                     continue
                 top_k_pos, token_idx = torch.where((idx_t == e).T)
                 where[e] = (token_idx, top_k_pos)
+            t1 = time.time()
             outputs, report = self.host.run_layer(self.layer, hidden_states,
                                                   {e: w[0].tolist() for e, w in where.items()})
+            # only the experts' own time is theirs: routing, gathering and the weighted adds belong
+            # to the dense part, as calibrate counts them (a step minus the experts), and its pad absorbs them
+            self.host.expert_seconds += time.time() - t1
             for e in sorted(where):
                 token_idx, top_k_pos = where[e]
                 final.index_add_(0, token_idx, (outputs[e] * weights[token_idx, top_k_pos, None]).to(final.dtype))
             if self.host.reports is not None and hidden_states.shape[0] == 1:
                 self.host.reports.append(report)
-            self.host.expert_seconds += time.time() - t0
             return final
 
     return _SplitLayerExperts
@@ -574,11 +576,28 @@ class SplitClient:
             pass
 
 
+def pick_token(head, hidden: np.ndarray, tag: str | None, eos: list[int], decoding=None):
+    """The device's part after the split host answers: the head on the returned hidden state and
+    the next token (greedy with end of sequence suppressed, or ``decoding``'s). Returns (token,
+    logits). ``calibrate`` times it as the device's ``split_device_s``."""
+    import torch  # optional extra (hf)
+
+    h = torch.from_numpy(np.array(hidden, copy=True))
+    h = h.view(torch.bfloat16) if tag == "bfloat16" else h
+    logits = head(h)[0].float()
+    if decoding is not None:
+        return decoding.choose(logits), logits
+    scores = logits.clone()
+    scores[eos] = -math.inf  # generate(min_new_tokens=...) keeps end of sequence out
+    return int(scores.argmax()), logits
+
+
 def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: int, client: SplitClient, *,
-                   on_token=None, arrivals=None, session_prefix: str = "s", decoding=None) -> dict:
+                   on_token=None, arrivals=None, session_prefix: str = "s", decoding=None, pace_s: float = 0.0) -> dict:
     """Greedy generation of one prompt split-style: as :func:`slimcaching.runtime.device.generate`
     (end of sequence suppressed for ``max_new_tokens`` tokens, the same report; with ``decoding``
-    it picks the tokens and says when to stop), with every layer at the split host."""
+    it picks the tokens and says when to stop), with every layer at the split host. ``pace_s``: the
+    device's own part of a token is padded to it (``split_device_s`` with ``--pace``)."""
     import torch  # optional extra (hf)
 
     from slimcaching.runtime.device import LayerRecord  # start-up: device imports this module
@@ -610,16 +629,13 @@ def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: in
                 start = 0
                 pending = ids + new
             t1 = time.time()
-            h = torch.from_numpy(np.array(res.tensors[0], copy=True))
-            h = h.view(torch.bfloat16) if tag == "bfloat16" else h
-            logits = head(h)[0].float()
-            if decoding is None:
-                scores = logits.clone()
-                scores[eos] = -math.inf  # generate(min_new_tokens=...) keeps end of sequence out
-                tok = int(scores.argmax())
-            else:
-                tok = decoding.choose(logits)
+            tok, logits = pick_token(head, res.tensors[0], tag, eos, decoding)
             end = time.time()
+            own = dense0 + (end - t1)
+            pad = max(0.0, pace_s - own)
+            if pad > 0:
+                sleep_until(end + pad)
+                end = time.time()
             timing = res.timing if isinstance(res.timing, dict) else {}
             layers = []
             for r in timing.get("layers") or []:
@@ -639,11 +655,11 @@ def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: in
             via = client.via(info["host"])
             a, r = lay.access_s(client.user, via), lay.relay_s.get((via, info["host"]), 0.0)
             share = a / (a + r) if a + r > 0 else 1.0
-            split_br = {"device_compute_s": dense0 + (end - t1), "pace_pad_s": _seconds(timing.get("pad_s")),
+            split_br = {"device_compute_s": own, "pace_pad_s": _seconds(timing.get("pad_s")) + pad,
                         "remote_compute_s": host_s, "queue_s": sum(rep.queue_s for rep in layers),
                         "access_s": wire * share, "relay_s": wire * (1 - share)}
             steps.append({"forward_s": end - t0, "t0": t0, "tokens": len(pending), "measured_s": end - t0,
-                          "dense_real_s": dense0 + (end - t1), "dense_pad_s": 0.0, "predicted_s": predicted,
+                          "dense_real_s": own, "dense_pad_s": pad, "predicted_s": predicted,
                           "layers": layers, "host": info["host"], "rebuilt": info["rebuilt"], "split": split_br})
             host = info["host"]
             start += len(pending)

@@ -67,7 +67,8 @@ def canonical_dict(sc: Scenario) -> dict:
                  "local_cache": [[m, int(layer), int(e)] for m, layer, e in u.local_cache],
                  "reach": [{"server": r.server, "uplink_bps": _num(r.uplink_bps), "downlink_bps": _num(r.downlink_bps),
                             "rtt_s": _num(r.rtt_s)} for r in u.reach] or None,
-                 "message_overhead_s": _overhead(u.message_overhead_s)})
+                 "message_overhead_s": _overhead(u.message_overhead_s),
+                 "split_device_s": _overhead(u.split_device_s)})
             for u in sc.users
         ],
         **({"phases": [

@@ -20,6 +20,7 @@ MAX_RTT_S = 1.0
 MIN_RATE_BPS = 1e3
 MAX_RATE_BPS = 1e13
 MAX_OVERHEAD_S = 0.1
+MAX_SPLIT_DEVICE_S = 1.0
 
 
 def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
@@ -52,7 +53,7 @@ def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
         rate(f"server_links[{i}].rate_bps", link.rate_bps)
     seen: set[tuple] = set()
     for u in sc.users:
-        key = (u.rtt_s, u.uplink_bps, u.downlink_bps, u.message_overhead_s)
+        key = (u.rtt_s, u.uplink_bps, u.downlink_bps, u.message_overhead_s, u.split_device_s)
         if key in seen:
             continue
         seen.add(key)
@@ -61,6 +62,8 @@ def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
         rate(f"{who}: uplink_bps", u.uplink_bps)
         rate(f"{who}: downlink_bps", u.downlink_bps)
         overhead(f"{who}: message_overhead_s", u.message_overhead_s)
+        if u.split_device_s > MAX_SPLIT_DEVICE_S:
+            out.append(f"{who}: split_device_s: {u.split_device_s:g} s per token is over {MAX_SPLIT_DEVICE_S:g} s")
         for r in u.reach:
             rtt(f"{who}: reach {r.server} rtt_s", r.rtt_s)
     return out[:limit]

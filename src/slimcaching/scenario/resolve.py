@@ -362,7 +362,7 @@ def _make_user(name: str, home: str, f: UserFields, where: str) -> User:
         workload=[WorkloadEntry(w.model, float(w.weight), w.profile) for w in f.workload],
         local_cache=[(str(a), int(b), int(c)) for a, b, c in f.local_cache] if f.local_cache is not None else None,
         reach=tuple(Reach(r.server, r.uplink_bps, r.downlink_bps, r.rtt_s) for r in f.reach or ()),
-        message_overhead_s=f.message_overhead_s,
+        message_overhead_s=f.message_overhead_s, split_device_s=f.split_device_s,
     )
 
 

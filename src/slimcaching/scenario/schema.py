@@ -132,6 +132,7 @@ class UserFields(_Strict):
     local_cache: list[tuple[Ref, int, int]] | None = None
     reach: list[ReachIn] | None = None
     message_overhead_s: Seconds = 0.0
+    split_device_s: Seconds = 0.0
 
 
 class UserIn(UserFields):

@@ -97,6 +97,7 @@ class User:
     local_cache: list[tuple[str, int, int]] | None = None
     reach: tuple[Reach, ...] = ()
     message_overhead_s: float = 0.0  # o of the device: software time per message sent or received
+    split_device_s: float = 0.0  # the device's own time per token when served split-style (docs/model.md)
 
 
 @dataclass(frozen=True)
