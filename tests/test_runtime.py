@@ -571,14 +571,11 @@ def test_calibrate_prints_flops_and_message_overhead(model_dirs, capsys):
     assert "message_overhead_s" not in json.loads(capsys.readouterr().out)
 
 
-def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
-    """With calibrate's numbers in the scenario (speeds and message_overhead_s), a paced run on
-    fast links is nearer the model's per-token prediction than the same model without the overhead
-    predicts it (CI-sized: the suite's other tests load the machine between calibration and run,
-    so the bound is loose; the grid, within 5% on a quiet machine, is benchmarks/bench_runtime.py grid)."""
+def _calibrated_and_bare_ratios(d, tmp_path) -> tuple[float, float]:
+    """Calibrate, run paced on fast links; the median measured/predicted ratio per decoded token
+    with the calibrated model and with the same model without the overhead."""
     from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
 
-    d = model_dirs("mixtral")
     cal = calibrate(str(d), tokens=8)
     o = message_overhead(str(d), rounds=30, gap_s=dense_gap_s(cal))["message_overhead_s"]
     speed = 0.9 * cal["dense_flops_per_s"]  # FLOP/s; pacing pads up only: a margin for jitter
@@ -602,9 +599,25 @@ def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
         assert without < row["predicted_s"]  # the overhead is in the calibrated prediction
         ratios.append(row["measured_s"] / row["predicted_s"])
         bare_ratios.append(row["measured_s"] / without)
-    calibrated, uncalibrated = float(np.median(ratios)), float(np.median(bare_ratios))
-    assert abs(np.log(calibrated)) < abs(np.log(uncalibrated)), (calibrated, uncalibrated)
-    assert 0.5 <= calibrated <= 2.0, calibrated
+    return float(np.median(ratios)), float(np.median(bare_ratios))
+
+
+def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
+    """With calibrate's numbers in the scenario (speeds and message_overhead_s), a paced run on
+    fast links is nearer the model's per-token prediction than the same model without the overhead
+    predicts it (CI-sized: the suite's other tests load the machine between calibration and run,
+    so the bound is loose, and a calibration taken while another test loaded the machine is taken
+    again once; the grid, within 5% on a quiet machine, is benchmarks/bench_runtime.py grid)."""
+    d = model_dirs("mixtral")
+    tries = []
+    for attempt in range(2):
+        (tmp_path / f"try{attempt}").mkdir()
+        calibrated, uncalibrated = _calibrated_and_bare_ratios(d, tmp_path / f"try{attempt}")
+        tries.append((calibrated, uncalibrated))
+        if abs(np.log(calibrated)) < abs(np.log(uncalibrated)) and 0.5 <= calibrated <= 2.0:
+            break
+    else:
+        raise AssertionError(f"calibrated no nearer than uncalibrated (ratios, calibrated vs without): {tries}")
 
 
 _PEAK = r"""
