@@ -215,3 +215,53 @@ def test_experiment_drift_replays_routing_traces(tmp_path, capsys):
         assert len(err) == 1 and why in err[0], err
     assert main(["experiment", "capacity", "--trace", str(tmp_path / "a.npy"), "--out", str(tmp_path / "c")]) == 2
     assert "only with the drift experiment" in capsys.readouterr().err
+
+
+def test_a_migration_serves_the_old_placement_until_its_transfers_are_done():
+    """The clairvoyant's interval at the task switch: its tokens are served at the old placement
+    for the migration's duration (migration_s times all users' tokens per second), then at the
+    new one, plus the moves' impact; the free oracle switches at once."""
+    from slimcaching.algorithms.replan import replan
+    from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios, run_pattern
+    from slimcaching.migration import migration_summary, move_costs
+    from slimcaching.scenario import scenario_at_phase
+
+    label, base = drift_scenarios(True)[0]
+    n = QUICK.phase_tokens
+    sc = drift_scenario(base, "task-switch", n)
+    rows = run_pattern(sc, label, "task-switch", QUICK)
+    c = QUICK.controller.check_tokens
+    p0, p1 = (build_problem(scenario_at_phase(sc, k)) for k in (0, 1))
+    old = solve(p0, QUICK.controller.algorithm).x
+    new = replan(p1, old, float(n), None, QUICK.controller.algorithm, costs=move_costs(p1, old)).x
+    summary = migration_summary(p1, move_costs(p1, old), old, new)
+    at_switch = {r["strategy"]: r for r in rows if r["interval"] == n // c}
+    cv = at_switch["clairvoyant"]
+    assert cv["migrated"] == 1 and cv["migration_s"] == pytest.approx(summary["seconds"], rel=1e-12)
+    waiting = min(c, summary["seconds"] * p1.total_rate)
+    assert waiting > 0
+    expected = (waiting * p1.objective(old) + (c - waiting) * p1.objective(new) + summary["impact_token_s"]) / c
+    assert cv["latency_ms"] == pytest.approx(1e3 * expected, rel=1e-9)
+    assert at_switch["oracle"]["latency_ms"] == pytest.approx(1e3 * p1.objective(solve(p1, QUICK.controller.algorithm).x),
+                                                              rel=1e-9)
+
+
+def test_the_gain_counts_only_after_the_transfers():
+    """decide's predicted gain is G times the horizon's tokens after the migration's transfers
+    (none when they outlast the horizon, so it does not switch)."""
+    from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios
+    from slimcaching.migration import migration_seconds, move_costs
+    from slimcaching.scenario import scenario_at_phase
+
+    _, base = drift_scenarios(True)[0]
+    sc = drift_scenario(base, "task-switch", 1000)
+    p0, p1 = (build_problem(scenario_at_phase(sc, k)) for k in (0, 1))
+    old = solve(p0, "slimcaching").x
+    far = decide(p1, p1, old, dataclasses.replace(QUICK.controller, horizon_tokens=1e7))
+    assert far.switched
+    d = migration_seconds(move_costs(p1, old), old, far.x) * p1.total_rate
+    assert d > 0
+    assert far.predicted_gain_token_s == pytest.approx((1e7 - d) * (p1.objective(old) - p1.objective(far.x)),
+                                                        rel=1e-9)
+    near = decide(p1, p1, old, dataclasses.replace(QUICK.controller, horizon_tokens=d / 2))
+    assert not near.switched and near.predicted_gain_token_s == 0.0

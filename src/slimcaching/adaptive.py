@@ -8,9 +8,10 @@ per model (what the routers did lately), plans on the first half with
 :func:`slimcaching.algorithms.replan.replan` (latency over ``horizon_tokens`` plus the migration's
 cost), and judges the plan on the second, held-out half. It switches when
 
-    H * (G - z * se(G)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now)
+    H' * (G - z * se(G)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now),   H' = max(0, H - D * rate)
 
-with G = T_B(x_now) - T_B(x_new) the gain per token on tokens the plan did not see and se(G) its
+with G = T_B(x_now) - T_B(x_new) the gain per token on tokens the plan did not see (earned only
+after the migration's D seconds of transfers, by the tokens of the rest of the horizon) and se(G) its
 standard error over the held-out tokens (:func:`token_variance`: a token's latency is the sum of
 its layers', drawn independently given its user and model): the gain's lower confidence bound over
 the horizon, after the moves' cost, must beat a share of the current latency. A plan fitted to
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimcaching.algorithms.replan import replan
-from slimcaching.migration import move_costs
+from slimcaching.migration import migration_seconds, move_costs
 from slimcaching.problem import Problem, build_problem
 from slimcaching.profiles import LayerProfile, Profile
 from slimcaching.scenario import Scenario, WorkloadEntry, resolve_local_caches
@@ -169,10 +170,12 @@ def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: Contr
     t_now, t_new = judge_on.objective(x_now), judge_on.objective(pl.x)
     moved = pl.x & ~x_now
     cost = float(costs.impact[moved].sum())
-    gain = h * (t_now - t_new)
+    # the gain starts when the transfers are done: the tokens served meanwhile see x_now
+    gaining = max(0.0, h - migration_seconds(costs, x_now, pl.x) * judge_on.total_rate)
+    gain = gaining * (t_now - t_new)
     se = (float(np.sqrt(token_variance(judge_on, x_now, pl.x) / judge_tokens))
           if judge_tokens and moved.any() else 0.0)
-    switch = moved.any() and gain - h * config.z * se - cost > config.hysteresis * h * t_now
+    switch = moved.any() and gain - gaining * config.z * se - cost > config.hysteresis * h * t_now
     return Decision(bool(switch), pl.x if switch else x_now, gain, cost, t_now)
 
 

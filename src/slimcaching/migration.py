@@ -103,14 +103,19 @@ def move_costs(problem: Problem, x_old: np.ndarray) -> MoveCosts:
     return MoveCosts(seconds, source, impact, size, rate)
 
 
+def migration_seconds(costs: MoveCosts, x_old: np.ndarray, x_new: np.ndarray) -> float:
+    """How long moving from ``x_old`` to ``x_new`` takes: the longest server's total transfer time
+    (a server's moves share its links; servers move in parallel)."""
+    added = costs.charged(x_new, x_old)
+    return float(np.where(added, costs.seconds, 0.0).sum(axis=1).max(initial=0.0))
+
+
 def migration_summary(problem: Problem, costs: MoveCosts, x_old: np.ndarray, x_new: np.ndarray) -> dict:
     """Bytes, duration, impact and the list of moves from ``x_old`` to ``x_new`` (what a replanned
     placement file records as ``migration``)."""
     added = costs.charged(x_new, x_old)
     dropped = x_old & ~x_new
     n_idx, i_idx = np.nonzero(added)
-    per_server = np.zeros(problem.n_servers)
-    np.add.at(per_server, n_idx, costs.seconds[n_idx, i_idx])
     moves = []
     for n, i in zip(n_idx, i_idx):
         model, layer, expert = problem.item_key(int(i))
@@ -119,7 +124,7 @@ def migration_summary(problem: Problem, costs: MoveCosts, x_old: np.ndarray, x_n
                       "from": "cloud" if src == CLOUD else problem.server_names[src],
                       "bytes": float(costs.bytes[i]), "seconds": float(costs.seconds[n, i]),
                       "impact_token_s": float(costs.impact[n, i])})
-    return {"bytes_moved": float(costs.bytes[i_idx].sum()), "seconds": float(per_server.max(initial=0.0)),
+    return {"bytes_moved": float(costs.bytes[i_idx].sum()), "seconds": migration_seconds(costs, x_old, x_new),
             "moves": moves, "copies_added": int(added.sum()), "copies_dropped": int(dropped.sum()),
             "impact_token_s": float(costs.impact[added].sum())}
 
