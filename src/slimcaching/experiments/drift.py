@@ -17,8 +17,9 @@ Strategies, all evaluated on the true workload of each interval (``check_tokens`
   when the gain over the horizon on the other half beats the migration's cost by the hysteresis;
   the window restarts at a detected change point;
 * ``clairvoyant``: the true profile of each phase from its first token, re-planned with ``replan``
-  for the phase and paying for its moves: the best any controller that pays for migration can do
-  (it neither waits for evidence nor estimates);
+  for the phase and paying for its moves, taken when the gain after the transfers pays for them
+  (the controller's rule without noise or hysteresis): what a controller that pays for migration
+  can do knowing every change the moment it happens (it neither waits for evidence nor estimates);
 * ``oracle``: the true profile of each phase from its first token, migration free.
 
 A migration's cost (:mod:`slimcaching.migration`, on the true workload) is added to the latency of
@@ -51,7 +52,6 @@ from slimcaching.adaptive import (
     split_window,
 )
 from slimcaching.algorithms import solve
-from slimcaching.algorithms.replan import replan
 from slimcaching.errors import ScenarioError
 from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write
@@ -228,7 +228,10 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
             if j > 0 and strategy == "oracle" and t0 == bounds[k]:
                 new = solve(p, solver).x
             elif j > 0 and strategy == "clairvoyant" and t0 == bounds[k]:
-                new = replan(p, x, float(bounds[k + 1] - t0), None, solver, costs=move_costs(p, x)).x
+                # the controller's own rule on the true profile, no noise, no hysteresis: it moves
+                # only when the gain after the transfers pays for the moves
+                new = decide(p, p, x, dataclasses.replace(cfg, horizon_tokens=float(bounds[k + 1] - t0),
+                                                          hysteresis=0.0)).x
             elif j > 0 and strategy == "periodic":
                 new = solve(estimate_problem(scenario_at_phase(sc, k), observe(max(0, t0 - cfg.window_tokens), t0,
                                                                                 rng)), solver).x
