@@ -252,7 +252,7 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
                 impact = 0.0 if strategy == "oracle" else summary["impact_token_s"]
                 # the oracle's moves are instant; others serve at the old placement until their
                 # transfers are done, after those already under way (a server moves one at a time)
-                start = max([t0] + [t for t, _ in arriving[-1:]])
+                start = max(t0, arriving[-1][0]) if arriving else t0
                 arriving.append((float(t0) if strategy == "oracle" else start + seconds * p.total_rate, new))
                 x = new
             served = []  # the interval's tokens at each placement that served them

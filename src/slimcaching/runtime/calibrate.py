@@ -96,17 +96,16 @@ def split_device_time(model, tokens: int = 32, wait_s: float = 0.01) -> float:
     (here 0.09 ms per token without a wait, 0.3-0.5 ms after 4-50 ms), and generation always waits."""
     import torch  # optional extra (hf)
 
-    from slimcaching.runtime.split import pick_token  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.split import model_eos_ids, pick_token  # optional extra (runtime: pyzmq)
 
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    eos = model_eos_ids(model)
+    tag = "bfloat16" if model.dtype == torch.bfloat16 else None
     times, tok = [], 1
     with torch.no_grad():
         for _ in range(tokens + 1):
             t0 = time.perf_counter()
             x = to_numpy(embed(torch.tensor([[tok]]))[0])
-            tag = "bfloat16" if model.dtype == torch.bfloat16 else None
             before = time.perf_counter() - t0
             time.sleep(wait_s)
             t1 = time.perf_counter()

@@ -576,15 +576,17 @@ class SplitClient:
             pass
 
 
+def model_eos_ids(model) -> list[int]:
+    """The model's end-of-sequence token ids (its generation config's, as a list)."""
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
 def pick_token(head, hidden: np.ndarray, tag: str | None, eos: list[int], decoding=None):
     """The device's part after the split host answers: the head on the returned hidden state and
     the next token (greedy with end of sequence suppressed, or ``decoding``'s). Returns (token,
     logits). ``calibrate`` times it as the device's ``split_device_s``."""
-    import torch  # optional extra (hf)
-
-    h = torch.from_numpy(np.array(hidden, copy=True))
-    h = h.view(torch.bfloat16) if tag == "bfloat16" else h
-    logits = head(h)[0].float()
+    logits = head(to_torch(hidden, tag))[0].float()
     if decoding is not None:
         return decoding.choose(logits), logits
     scores = logits.clone()
@@ -603,8 +605,7 @@ def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: in
     from slimcaching.runtime.device import LayerRecord  # start-up: device imports this module
 
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    eos = model_eos_ids(model)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist() if isinstance(prompt, str) else list(prompt)
     session = f"{session_prefix}.{time.time_ns()}"
     lay = client.layout
