@@ -5,8 +5,8 @@ in the tests (``experiment drift --quick``); this one is long (the 50 x 5,000 sc
 every check).
 
 ``--phase-sweep 20000,40000,...`` instead runs the task switch on the default scenario once per
-phase length, the controller's check and window scaled with it (a check every phase/20 tokens on
-the last phase/4, the horizon a phase, as the full run's 2,000 and 10,000 at 40,000), and writes
+phase length, the controller's check and window scaled with it (a check every phase/40 tokens on
+the last phase/4, the horizon a phase, as the full run's 1,000 and 10,000 at 40,000), and writes
 ``phase-sweep.csv`` and ``phase-sweep.png``: how far each strategy's mean latency is from the free
 oracle's as phases get longer (a paying controller's distance is the migration's share of a phase)."""
 
@@ -39,7 +39,7 @@ def phase_sweep(lengths: list[int], out: Path, seed: int = 0) -> list[dict]:
     rows = []
     for n in lengths:
         t0 = time.time()
-        cfg = dataclasses.replace(FULL.controller, check_tokens=n // 20, window_tokens=n // 4, horizon_tokens=float(n))
+        cfg = dataclasses.replace(FULL.controller, check_tokens=n // 40, window_tokens=n // 4, horizon_tokens=float(n))
         settings = dataclasses.replace(FULL, phase_tokens=n, controller=cfg)
         res = run_pattern(drift_scenario(base, "task-switch", n), label, "task-switch", settings, seed)
         mean = {s: float(np.mean([r["latency_ms"] for r in res if r["strategy"] == s])) for s in STRATEGIES}

@@ -217,51 +217,99 @@ def test_experiment_drift_replays_routing_traces(tmp_path, capsys):
     assert "only with the drift experiment" in capsys.readouterr().err
 
 
-def test_a_migration_serves_the_old_placement_until_its_transfers_are_done():
+def test_a_migration_serves_each_copy_from_its_arrival():
     """The clairvoyant's interval at the task switch: its tokens are served at the old placement
-    for the migration's duration (migration_s times all users' tokens per second), then at the
-    new one, plus the moves' impact; the free oracle switches at once."""
+    until the first copies arrive, then at each stage of the migration (migration_stages, seconds
+    times all users' tokens per second), plus the moves' impact; the free oracle switches at once."""
     from slimcaching.algorithms.replan import replan
     from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios, run_pattern
-    from slimcaching.migration import migration_summary, move_costs
+    from slimcaching.migration import migration_stages, migration_summary, move_costs
     from slimcaching.scenario import scenario_at_phase
 
     label, base = drift_scenarios(True)[0]
     n = QUICK.phase_tokens
     sc = drift_scenario(base, "task-switch", n)
     rows = run_pattern(sc, label, "task-switch", QUICK)
-    c = QUICK.controller.check_tokens
+    cfg = QUICK.controller
+    c = cfg.check_tokens
     p0, p1 = (build_problem(scenario_at_phase(sc, k)) for k in (0, 1))
-    old = solve(p0, QUICK.controller.algorithm).x
-    new = replan(p1, old, float(n), None, QUICK.controller.algorithm, costs=move_costs(p1, old)).x
-    summary = migration_summary(p1, move_costs(p1, old), old, new)
+    old = solve(p0, cfg.algorithm).x
+    costs = move_costs(p1, old, cfg.chunk_bytes)
+    new = replan(p1, old, float(n), None, cfg.algorithm, costs=move_costs(p1, old, cfg.chunk_bytes)).x
+    summary = migration_summary(p1, costs, old, new)
     at_switch = {r["strategy"]: r for r in rows if r["interval"] == n // c}
     cv = at_switch["clairvoyant"]
     assert cv["migrated"] == 1 and cv["migration_s"] == pytest.approx(summary["seconds"], rel=1e-12)
-    waiting = min(c, summary["seconds"] * p1.total_rate)
-    assert waiting > 0
-    expected = (waiting * p1.objective(old) + (c - waiting) * p1.objective(new) + summary["impact_token_s"]) / c
-    assert cv["latency_ms"] == pytest.approx(1e3 * expected, rel=1e-9)
-    oracle = solve(p1, QUICK.controller.algorithm).x
+    # the interval's tokens 0 .. c: the old placement until the first arrival, then each stage
+    edges = [min(c, t * p1.total_rate) for t, _ in migration_stages(p1, costs, old, new)] + [c]
+    assert edges[0] > 0
+    served = edges[0] * p1.objective(old) + sum(
+        (edges[k + 1] - edges[k]) * p1.objective(x) for k, (_, x) in enumerate(migration_stages(p1, costs, old, new)))
+    assert cv["latency_ms"] == pytest.approx(1e3 * (served + summary["impact_token_s"]) / c, rel=1e-9)
+    oracle = solve(p1, cfg.algorithm).x
     assert at_switch["oracle"]["latency_ms"] == pytest.approx(1e3 * p1.objective(oracle), rel=1e-9)
 
 
-def test_the_gain_counts_only_after_the_transfers():
-    """decide's predicted gain is G times the horizon's tokens after the migration's transfers
-    (none when they outlast the horizon, so it does not switch)."""
+def _switched(horizon: float):
+    """The quick task switch: its scenario, the second phase's problem, the first phase's
+    placement and the quick controller with ``horizon``."""
     from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios
-    from slimcaching.migration import migration_seconds, move_costs
     from slimcaching.scenario import scenario_at_phase
 
     _, base = drift_scenarios(True)[0]
     sc = drift_scenario(base, "task-switch", 1000)
     p0, p1 = (build_problem(scenario_at_phase(sc, k)) for k in (0, 1))
-    old = solve(p0, "slimcaching").x
-    far = decide(p1, p1, old, dataclasses.replace(QUICK.controller, horizon_tokens=1e7))
+    return sc, p1, solve(p0, "slimcaching").x, dataclasses.replace(QUICK.controller, horizon_tokens=horizon)
+
+
+def test_the_gain_counts_each_copy_from_its_arrival():
+    """decide's predicted gain is the staged gain over the horizon (each copy from its arrival);
+    a horizon that ends before any copy can arrive gains nothing, so it does not switch."""
+    from slimcaching.migration import migration_stages, move_costs, staged_gain
+
+    sc, p1, old, cfg = _switched(1e7)
+    far = decide(p1, p1, old, cfg)
     assert far.switched
-    d = migration_seconds(move_costs(p1, old), old, far.x) * p1.total_rate
-    assert d > 0
-    assert far.predicted_gain_token_s == pytest.approx((1e7 - d) * (p1.objective(old) - p1.objective(far.x)),
-                                                        rel=1e-9)
-    near = decide(p1, p1, old, dataclasses.replace(QUICK.controller, horizon_tokens=d / 2))
+    costs = move_costs(p1, old, cfg.chunk_bytes)
+    assert far.predicted_gain_token_s == pytest.approx(staged_gain(p1, costs, old, far.x, 1e7), rel=1e-12)
+    assert migration_stages(p1, costs, old, far.x)[0][0] > 0
+    # no copy arrives sooner than half its source's round trip
+    soonest = min(s.cloud_rtt_s for s in sc.servers) / 2 * p1.total_rate
+    if sc.server_links:
+        soonest = min(soonest, min(lk.rtt_s for lk in sc.server_links) / 2 * p1.total_rate)
+    near = decide(p1, p1, old, dataclasses.replace(cfg, horizon_tokens=soonest / 2))
     assert not near.switched and near.predicted_gain_token_s == 0.0
+
+
+def test_a_new_migration_stops_the_one_under_way():
+    """Serving: stages serve from their arrival; a new migration replaces the stages not yet
+    arrived, and what arrived stays."""
+    from slimcaching.experiments.drift import Serving
+
+    a, b, c, d = (np.full((1, 2), v) for v in ([False, False], [True, False], [True, True], [False, True]))
+    s = Serving(a)
+    s.move([(10.0, b), (20.0, c)])
+    got = s.serve(0.0, 15.0)
+    assert [(n, x.tolist()) for n, x in got] == [(10.0, a.tolist()), (5.0, b.tolist())]
+    assert s.at(15.0) is b
+    s.move([(30.0, d)])  # c never arrives
+    got = s.serve(15.0, 40.0)
+    assert [(n, x.tolist()) for n, x in got] == [(15.0, b.tolist()), (10.0, d.tolist())]
+    assert s.at(100.0) is d and not s.pending
+
+
+def test_a_plan_must_beat_finishing_the_migration_under_way():
+    """decide with a migration under way: its gain is already paid for, so proposing the same
+    plan again gains nothing over finishing it and does not switch."""
+    from slimcaching.migration import migration_stages, move_costs, schedule_gain
+
+    _, p1, old, cfg = _switched(1e6)
+    first = decide(p1, p1, old, cfg)
+    assert first.switched
+    stages = [(s * p1.total_rate, x) for s, x in migration_stages(p1, move_costs(p1, old, cfg.chunk_bytes), old,
+                                                                   first.x)]
+    again = decide(p1, p1, old, cfg, under_way=stages)
+    assert not again.switched and (again.x == old).all()
+    assert again.predicted_gain_token_s == pytest.approx(
+        first.predicted_gain_token_s - schedule_gain(p1, old, stages, 1e6), abs=1e-9)
+    assert abs(again.predicted_gain_token_s) < 1e-6 * abs(first.predicted_gain_token_s)

@@ -13,7 +13,18 @@ from helpers import feasible_placements, tiny_scenario_dict
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.replan import fit_capacity, replan, replan_bound
 from slimcaching.cli import main
-from slimcaching.migration import CLOUD, link_rates, migration_summary, move_costs, replan_objective
+from slimcaching.migration import (
+    CLOUD,
+    MAX_UTILISATION,
+    link_rates,
+    migration_seconds,
+    migration_stages,
+    migration_summary,
+    move_costs,
+    replan_objective,
+    staged_gain,
+)
+from slimcaching.placement import load_placement
 from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_scenario
 
@@ -61,6 +72,66 @@ def test_move_costs_follow_the_links():
     assert rates[:, 0].sum() == pytest.approx(float(p.row_weight.sum() * p.total_rate), rel=1e-9) or \
         rates[:, 0].sum() <= float(p.row_weight.sum() * p.total_rate) + 1e-9
 
+
+
+@pytest.mark.parametrize("chunk", [4096.0, 1e5, 1e12])
+def test_background_moves_wait_one_chunk_and_yield_to_requests(chunk):
+    """chunk_bytes: a move gets what the requests' replies leave of its link (tau / (1 - rho)) and a
+    request waits for one chunk on the wire at most: m = lambda tau' min(t_c, tau') / 2."""
+    p = _problem(3, servers=3, experts=3, layers=1)
+    old = _old(p, 1)
+    whole, bg = move_costs(p, old), move_costs(p, old, chunk)
+    sc = p.scenario
+    bits = link_rates(p, old, bits=True)
+    hidden = 8 * sc.models[0].hidden_bytes
+    assert bits == pytest.approx(link_rates(p, old) * hidden)  # one model: each request's reply is a hidden state
+    edge_rate = {n: min([lk.rate_bps for lk in sc.server_links if sc.servers[n].name in (lk.a, lk.b)],
+                        default=np.inf) for n in range(p.n_servers)}
+    assert (bg.source == whole.source).all()
+    for n in range(p.n_servers):
+        for i in range(p.n_items):
+            if old[n, i]:
+                assert bg.seconds[n, i] == 0 and bg.impact[n, i] == 0
+                continue
+            k = 0 if whole.source[n, i] == CLOUD else 1
+            rate = sc.servers[n].cloud_rate_bps if k == 0 else edge_rate[n]
+            rho = min(bits[n, k] / rate, MAX_UTILISATION)
+            tau = whole.seconds[n, i] / (1 - rho)
+            assert bg.seconds[n, i] == pytest.approx(tau, rel=1e-12)
+            t_c = min(8 * chunk / rate, tau)
+            assert bg.impact[n, i] == pytest.approx(link_rates(p, old)[n, k] * tau * t_c / 2, rel=1e-12)
+            if chunk < p.item_size[i] and rho < 0.5 and link_rates(p, old)[n, k] > 0:
+                assert bg.impact[n, i] < whole.impact[n, i]  # smaller than the move: cheaper than holding the link
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_migration_passes_through_feasible_stages(seed):
+    """migration_stages: every stage fits the capacities and holds only old or new copies, copies
+    gained stay, times grow to the migration's duration and the last stage is the new placement;
+    staged_gain is the sum over stages of tokens x gain, clipped to the horizon."""
+    p = _problem(seed, servers=3, experts=4, layers=2)
+    old, new = _old(p, seed), _old(p, seed + 10)
+    costs = move_costs(p, old, 65536.0)
+    stages = migration_stages(p, costs, old, new, max_stages=3 + seed)
+    assert len(stages) <= 3 + seed
+    times = [t for t, _ in stages]
+    assert times == sorted(times) and times[-1] == pytest.approx(migration_seconds(costs, old, new), rel=1e-12)
+    assert (stages[-1][1] == new).all()
+    gained = new & ~old
+    before = old & new
+    for (_, x), (_, y) in zip(stages, stages[1:]):
+        assert (x & gained <= y).all()  # an arrived copy stays
+    for _, x in stages:
+        assert p.feasible(x)
+        assert (x <= (old | new)).all()
+        assert (before <= x).all()  # copies both placements hold are never dropped
+    rate = p.total_rate
+    for horizon in (1.0, times[-1] * rate / 2, 10 * times[-1] * rate + 1):
+        want, t_old = 0.0, p.objective(old)
+        for k, (t, x) in enumerate(stages):
+            end = horizon if k + 1 == len(stages) else min(horizon, stages[k + 1][0] * rate)
+            want += max(0.0, end - min(horizon, t * rate)) * (t_old - p.objective(x))
+        assert staged_gain(p, costs, old, new, horizon, 3 + seed) == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 def _brute_force_j(problem, old, costs, horizon, budget=None):
     return min(replan_objective(problem, x, old, costs, horizon) for x in feasible_placements(problem)
@@ -131,13 +202,32 @@ def test_replan_command(tmp_path, capsys):
     assert {"bytes_moved", "seconds", "moves", "objective_token_s", "lower_bound_token_s"} <= set(mig)
     assert mig["lower_bound_token_s"] <= mig["objective_token_s"] * (1 + 1e-7)
     assert len(mig["moves"]) == mig["copies_added"]
+    assert mig["chunk_bytes"] == 65536  # moves in the background by default
+    p = build_problem(resolve_scenario(json.loads(sc.read_text())), merge_rows=True)
+    x_old, x_new = (load_placement(f, p).x for f in (old, new))
+    costs = move_costs(p, x_old, 65536.0)
+    assert mig["staged_objective_token_s"] == pytest.approx(
+        1e5 * p.objective(x_old) - staged_gain(p, costs, x_old, x_new, 1e5) + mig["impact_token_s"], rel=1e-9)
     assert main(["evaluate", str(sc), str(new)]) == 0  # an ordinary placement
+    capsys.readouterr()
+    # busy users, a horizon of one token: the transfers outlast it, and the command says so in one line
+    busy = json.loads(sc.read_text())
+    for u in busy["users"]:
+        u["rate"] = 1000.0
+    (tmp_path / "busy.json").write_text(json.dumps(busy))
+    assert main(["replan", str(tmp_path / "busy.json"), "--from", str(old), "-o", str(tmp_path / "s.json"),
+                 "--horizon", "1"]) == 0
+    short = json.loads((tmp_path / "s.json").read_text())["migration"]
+    assert short["copies_added"] > 0 and short["staged_objective_token_s"] >= short["old_objective_token_s"]
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "does not pay within the horizon" in ln]
+    assert len(said) == 1
     assert main(["replan", str(sc), "--from", str(old), "-o", str(tmp_path / "b.json"), "--budget", "0"]) == 0
     kept = json.loads((tmp_path / "b.json").read_text())
     assert kept["edge"] == json.loads(old.read_text())["edge"] and kept["migration"]["bytes_moved"] == 0
     capsys.readouterr()
     for argv, flag in ([["-a", "greedy"], "--algorithm"], [["--budget", "-5 MB"], "--budget"],
-                       [["--budget", "5 furlongs"], "--budget"], [["--horizon", "0"], "--horizon"]):
+                       [["--budget", "5 furlongs"], "--budget"], [["--horizon", "0"], "--horizon"],
+                       [["--chunk", "-1 kB"], "--chunk"], [["--chunk", "inf"], "--chunk"]):
         assert main(["replan", str(sc), "--from", str(old), "-o", str(tmp_path / "x.json"), *argv]) == 2
         err = capsys.readouterr().err
         assert flag in err and "Traceback" not in err

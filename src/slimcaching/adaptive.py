@@ -8,13 +8,20 @@ per model (what the routers did lately), plans on the first half with
 :func:`slimcaching.algorithms.replan.replan` (latency over ``horizon_tokens`` plus the migration's
 cost), and judges the plan on the second, held-out half. It switches when
 
-    H' * (G - z * se(G)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now),   H' = max(0, H - D * rate)
+    H' * (G - z * se(G)) - M(x_now -> x_new)  >  hysteresis * H * T_B(x_now)
 
-with G = T_B(x_now) - T_B(x_new) the gain per token on tokens the plan did not see (earned only
-after the migration's D seconds of transfers, by the tokens of the rest of the horizon) and se(G) its
-standard error over the held-out tokens (:func:`token_variance`: a token's latency is the sum of
-its layers', drawn independently given its user and model): the gain's lower confidence bound over
-the horizon, after the moves' cost, must beat a share of the current latency. A plan fitted to
+with G = T_B(x_now) - T_B(x_new) the gain per token on tokens the plan did not see and H' the
+horizon's tokens at that full gain: a migration's copies arrive one after another over its
+transfers (:func:`slimcaching.migration.migration_stages`) and each serves from its arrival, so
+H' * G = sum over its stages of (the stage's tokens within the horizon) * (T_B(x_now) - T_B(stage))
+(:func:`slimcaching.migration.staged_gain`); se(G) is G's standard error over the held-out tokens
+(:func:`token_variance`: a token's latency is the sum of its layers', drawn independently given
+its user and model): the gain's lower confidence bound over the horizon, after the moves' cost,
+must beat a share of the current latency. While a migration is under way x_now is what has
+arrived, and a new plan must beat finishing it: its remaining stages' gain
+(:func:`slimcaching.migration.schedule_gain`, already paid for) comes off the left side. Moves
+run in the background (requests first, moves in
+chunks of ``chunk_bytes``: :func:`slimcaching.migration.move_costs`). A plan fitted to
 one half's sampling noise gains nothing on the other half, and a gain within the held-out
 tokens' noise is not taken, so a stationary workload does not move experts back and forth.
 
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimcaching.algorithms.replan import replan
-from slimcaching.migration import migration_seconds, move_costs
+from slimcaching.migration import CHUNK_BYTES, move_costs, schedule_gain, staged_gain
 from slimcaching.problem import Problem, build_problem
 from slimcaching.profiles import LayerProfile, Profile
 from slimcaching.scenario import Scenario, WorkloadEntry, resolve_local_caches
@@ -51,6 +58,7 @@ class ControllerConfig:
     hysteresis: float = 0.02
     algorithm: str = "slimcaching"
     change_threshold: float = 0.1  # relative latency shift that restarts the window (0: never)
+    chunk_bytes: float | None = CHUNK_BYTES  # moves in the background, in chunks (None: a move holds its link)
     z: float = 2.0  # standard errors a gain (or a change) must clear: ~2.3% one-sided false alarms
 
 
@@ -160,19 +168,23 @@ def observed_tokens(observed: dict[int, list[np.ndarray]]) -> int:
 
 
 def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: ControllerConfig,
-           judge_tokens: int | None = None) -> Decision:
+           judge_tokens: int | None = None, under_way: list[tuple[float, np.ndarray]] | None = None) -> Decision:
     """One check of the controller: plan on ``plan_on`` (one half of the window), judge on
     ``judge_on`` (the other half, ``judge_tokens`` tokens: without it no standard error is
-    charged); see the module docstring."""
+    charged); see the module docstring. ``under_way``: the stages of a migration in progress
+    ([(tokens from now at which it serves, placement)]; ``x_now`` is what has arrived): a new plan
+    must then beat finishing it, whose gain is already paid for."""
     h = config.horizon_tokens
-    pl = replan(plan_on, x_now, h, None, config.algorithm, costs=move_costs(plan_on, x_now))
-    costs = move_costs(judge_on, x_now)
+    pl = replan(plan_on, x_now, h, None, config.algorithm, costs=move_costs(plan_on, x_now, config.chunk_bytes))
+    costs = move_costs(judge_on, x_now, config.chunk_bytes)
     t_now, t_new = judge_on.objective(x_now), judge_on.objective(pl.x)
     moved = pl.x & ~x_now
     cost = float(costs.impact[moved].sum())
-    # the gain starts when the transfers are done: the tokens served meanwhile see x_now
-    gaining = max(0.0, h - migration_seconds(costs, x_now, pl.x) * judge_on.total_rate)
-    gain = gaining * (t_now - t_new)
+    # each copy gains from its arrival: the tokens before it see what was there
+    gain = staged_gain(judge_on, costs, x_now, pl.x, h) if moved.any() else 0.0
+    gaining = gain / (t_now - t_new) if t_now > t_new else 0.0  # the horizon's tokens at the full gain
+    if under_way:  # the alternative is finishing the migration in progress, not staying
+        gain -= max(0.0, schedule_gain(judge_on, x_now, under_way, h))
     se = (float(np.sqrt(token_variance(judge_on, x_now, pl.x) / judge_tokens))
           if judge_tokens and moved.any() else 0.0)
     switch = moved.any() and gain - gaining * config.z * se - cost > config.hysteresis * h * t_now

@@ -12,7 +12,7 @@ from slimcaching.algorithms.replan import ALGORITHMS, replan, replan_bound
 from slimcaching.cli.common import ScenarioArg, console, flags, read_scenario, warn_implausible, working
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import atomic_write, check_target
-from slimcaching.migration import migration_summary, move_costs
+from slimcaching.migration import migration_summary, move_costs, staged_gain
 from slimcaching.placement import load_placement
 from slimcaching.problem import build_problem
 from slimcaching.units import format_bytes, parse_quantity
@@ -31,6 +31,9 @@ def replan_cmd(
                                                "(\"200 MB\"); 0 keeps the current placement.")] = None,
     algorithm: Annotated[str, typer.Option("--algorithm", "-a", help=f"One of {', '.join(ALGORITHMS)}.")]
     = "slimcaching",
+    chunk: Annotated[str, typer.Option("--chunk", help="Moves run in the background, requests first, in chunks "
+                                       "of this size (a request waits for one chunk at most); 0: each move "
+                                       "holds its link until done.")] = "64 KiB",
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for exact's MILP.")] = 60.0,
     bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the objective (the LP "
                                         "relaxation with the move costs).")] = False,
@@ -44,6 +47,9 @@ def replan_cmd(
     cap = None if budget is None else parse_quantity(budget, "bytes", "--budget")
     if cap is not None and cap < 0:
         raise ScenarioError("--budget", "must be >= 0 bytes", budget)
+    chunk_bytes = parse_quantity(chunk, "bytes", "--chunk")
+    if not (chunk_bytes >= 0 and chunk_bytes < float("inf")):
+        raise ScenarioError("--chunk", "must be a size >= 0 bytes", chunk)
     if horizon is not None and not (horizon >= 1 and horizon < float("inf")):
         raise ScenarioError("--horizon", "must be a number of tokens >= 1", horizon)
     check_target(output, "--output")
@@ -56,12 +62,13 @@ def replan_cmd(
         raise ScenarioError("--from", "replan moves edge experts of SlimCaching-style placements only (this one "
                             f"is {current.latency_model!r} with dense parts)", str(old))
     h = horizon if horizon is not None else 3600.0 * problem.total_rate
-    costs = move_costs(problem, current.x)
+    costs = move_costs(problem, current.x, chunk_bytes or None)
     with working(f"re-planning with {algorithm} for {h:.3g} tokens"):
         pl = replan(problem, current.x, h, cap, algorithm, time_limit, costs=costs)
     mig = migration_summary(problem, costs, current.x, pl.x)
     info = pl.info.pop("replan")
     mig.update(info)
+    mig["chunk_bytes"] = chunk_bytes or None
     lb = None
     if bound:
         with working("proving a lower bound (LP relaxation with the move costs)"):
@@ -69,6 +76,9 @@ def replan_cmd(
         mig["lower_bound_token_s"] = lb
     t_old, t_new = problem.objective(current.x), problem.objective(pl.x)
     mig["mean_token_latency_before_s"] = t_old
+    # what the horizon's tokens see with the transfers' time counted (each copy from its arrival)
+    staged = h * t_old - staged_gain(problem, costs, current.x, pl.x, h) + mig["impact_token_s"]
+    mig["staged_objective_token_s"] = staged
     data = pl.to_dict(problem, t_new)
     data["migration"] = mig
     atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
@@ -82,3 +92,9 @@ def replan_cmd(
     if info.get("status"):
         line += f"; MILP {info['status']}"
     console.print(f"{line}; wrote {output}", highlight=False, soft_wrap=True)
+    if mig["copies_added"] and mig["staged_objective_token_s"] >= mig["old_objective_token_s"]:
+        secs = mig["seconds"]
+        console.print(f"warning: counting the transfers' {secs:.3g} s ({secs * problem.total_rate:.3g} tokens; each "
+                      "copy serves from its arrival), the move does not pay within the horizon "
+                      f"({mig['staged_objective_token_s']:.6g} token-s against {mig['old_objective_token_s']:.6g} "
+                      "staying): a longer --horizon, or keep the current placement", highlight=False, soft_wrap=True)

@@ -22,14 +22,17 @@ Strategies, all evaluated on the true workload of each interval (``check_tokens`
   can do knowing every change the moment it happens (it neither waits for evidence nor estimates);
 * ``oracle``: the true profile of each phase from its first token, migration free.
 
-A migration's cost (:mod:`slimcaching.migration`, on the true workload) is added to the latency of
-the interval it happens in (its token-seconds spread over the interval's tokens); the oracle's
-moves cost nothing and are instant. Others take time: the new placement serves from the token
-at which its transfers are done (``migration_s``, the longest server's total, times the tokens
-per second of all users; a migration decided while another is under way starts after it), the
-old one until then, across intervals if need be. Moves are priced from the placement decided
-last. Per interval: the mean latency (exact, per placement over the tokens it served) and the p99
-of a token simulation at the placement that served most of the interval.
+A migration's cost (:mod:`slimcaching.migration`, on the true workload, moves in the background
+as the controller's ``chunk_bytes`` says) is added to the latency of the interval it happens in
+(its token-seconds spread over the interval's tokens); the oracle's moves cost nothing and are
+instant. Others take time: each copy serves from the token at which its transfer is done
+(:func:`~slimcaching.migration.migration_stages`: a server fetches its copies one after another,
+most asked-for first, and drops the ones it loses when an arrival needs their room; seconds times
+all users' tokens per second), across intervals if need be. A controller decides from the
+placement serving (mid-migration: what has arrived so far), and a new migration starts from there:
+the transfers still under way for the plan it replaces stop (:class:`Serving`). Per interval: the mean
+latency (exact, per placement over the tokens it served) and the p99 of a token simulation at
+the placement that served most of the interval.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-from slimcaching.migration import migration_summary, move_costs
+from slimcaching.migration import migration_stages, migration_summary, move_costs
 from slimcaching.problem import build_problem
 from slimcaching.profiles import LayerProfile, Profile, profile_from_trace
 from slimcaching.scenario import (
@@ -87,10 +90,12 @@ class DriftSettings:
 # the horizon is a phase: what the controller expects a workload to last
 QUICK = DriftSettings(6000, ControllerConfig(window_tokens=2000, check_tokens=1000, horizon_tokens=6000.0,
                                              algorithm="slimcaching-fast"), 400)
-FULL = DriftSettings(40000, ControllerConfig(window_tokens=10000, check_tokens=2000, horizon_tokens=40000.0), 1000)
-# 50 x 5,000: each check re-plans a large problem (the fast variant: ~3 s a check instead of ~70)
-LARGE = DriftSettings(40000, ControllerConfig(window_tokens=16000, check_tokens=8000, horizon_tokens=40000.0,
-                                             algorithm="slimcaching-fast"), 500)
+# a check every 1,000 tokens: a change waits for one check before the controller sees it
+FULL = DriftSettings(40000, ControllerConfig(window_tokens=10000, check_tokens=1000, horizon_tokens=40000.0), 1000)
+# 50 x 5,000: phases as long in time as the default's (13 min; its users ask 5,000 tokens a second
+# against 50), a check every 40 s on the last 80 s; each re-plans a large problem (the fast variant)
+LARGE = DriftSettings(4_000_000, ControllerConfig(window_tokens=400_000, check_tokens=200_000,
+                                                 horizon_tokens=4e6, algorithm="slimcaching-fast"), 500)
 
 
 def _rotated(p: Profile, shift: int, experts: int) -> Profile:
@@ -182,6 +187,44 @@ def trace_scenario(base: Scenario, traces: list[np.ndarray], phase_tokens: int) 
     return _first_phase_caches(sc), fits[0]
 
 
+class Serving:
+    """The placement serving tokens and the stages of the migration under way: [(token at which it
+    serves, placement)], in order. A new migration replaces the stages that have not arrived (a
+    controller does not finish moving experts for a plan it has dropped; what arrived stays)."""
+
+    def __init__(self, x: np.ndarray):
+        self.live = x
+        self.pending: list[tuple[float, np.ndarray]] = []
+
+    def at(self, token: float) -> np.ndarray:
+        """The placement serving at ``token`` (the stages due by then have arrived)."""
+        while self.pending and self.pending[0][0] <= token:
+            self.live = self.pending.pop(0)[1]
+        return self.live
+
+    def ahead(self, token: float) -> list[tuple[float, np.ndarray]]:
+        """The stages still to arrive, as [(tokens after ``token``, placement)]."""
+        return [(at - token, x) for at, x in self.pending]
+
+    def move(self, stages: list[tuple[float, np.ndarray]]) -> None:
+        """Start a migration (its stages, in order); the one under way stops where it is."""
+        self.pending = list(stages)
+
+    def serve(self, start: float, end: float) -> list[tuple[float, np.ndarray]]:
+        """Tokens ``start .. end`` as [(how many, placement that served them)]; stages arriving
+        within are applied."""
+        served, pos = [], float(start)
+        self.at(start)
+        while self.pending and self.pending[0][0] < end:
+            at, nxt = self.pending.pop(0)
+            if at > pos:
+                served.append((at - pos, self.live))
+                pos = at
+            self.live = nxt
+        served.append((end - pos, self.live))
+        return served
+
+
 def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings, seed: int = 0,
                 progress=None, replay: tuple[int, list[np.ndarray]] | None = None) -> list[dict]:
     """One drift run: every strategy over the phases of ``sc`` (built by :func:`drift_scenario` or
@@ -215,23 +258,24 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
     solver = cfg.algorithm
     for si, strategy in enumerate(STRATEGIES):
         rng = np.random.default_rng([seed, si])
-        x = solve(truth[0], solver).x  # every strategy starts planned for the first phase
-        live = x  # the placement serving: x once the transfers towards it are done
-        arriving: list[tuple[float, np.ndarray]] = []  # (token at which it serves, placement), in order
+        x = solve(truth[0], solver).x  # every strategy starts planned for the first phase (its target)
+        serving = Serving(x)
         since = 0  # adaptive: where its window may start (the last change point)
         for j in range(n_int):
             t0 = j * c
             k = phase_at(t0)
             p = truth[k]
+            live = serving.at(t0)  # what serves now: x, or a stage of the migration towards it
             moved, impact, migrated, seconds = 0.0, 0.0, False, 0.0
             new = x
             if j > 0 and strategy == "oracle" and t0 == bounds[k]:
                 new = solve(p, solver).x
             elif j > 0 and strategy == "clairvoyant" and t0 == bounds[k]:
                 # the controller's own rule on the true profile, no noise, no hysteresis: it moves
-                # only when the gain after the transfers pays for the moves
-                new = decide(p, p, x, dataclasses.replace(cfg, horizon_tokens=float(bounds[k + 1] - t0),
-                                                          hysteresis=0.0)).x
+                # only when the gain over the phase, each copy from its arrival, pays for the moves
+                d = decide(p, p, live, dataclasses.replace(cfg, horizon_tokens=float(bounds[k + 1] - t0),
+                                                           hysteresis=0.0), under_way=serving.ahead(t0))
+                new = d.x if d.switched else x
             elif j > 0 and strategy == "periodic":
                 new = solve(estimate_problem(scenario_at_phase(sc, k), observe(max(0, t0 - cfg.window_tokens), t0,
                                                                                 rng)), solver).x
@@ -239,31 +283,26 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
                 now = scenario_at_phase(sc, k)
                 lo = max(since, t0 - cfg.window_tokens)
                 if t0 - lo >= 2 * c and changed(estimate_problem(now, observe(t0 - c, t0, rng)),
-                                                estimate_problem(now, observe(lo, t0 - c, rng)), x, cfg,
+                                                estimate_problem(now, observe(lo, t0 - c, rng)), live, cfg,
                                                 c, t0 - c - lo):
                     since = lo = t0 - c
                 half_a, half_b = split_window(observe(lo, t0, rng))
-                new = decide(estimate_problem(now, half_a), estimate_problem(now, half_b), x, cfg,
-                             observed_tokens(half_b)).x
+                d = decide(estimate_problem(now, half_a), estimate_problem(now, half_b), live, cfg,
+                           observed_tokens(half_b), under_way=serving.ahead(t0))
+                new = d.x if d.switched else x
             if not np.array_equal(new, x):
-                costs = move_costs(p, x)
-                summary = migration_summary(p, costs, x, new)
+                # from what is there now: the transfers under way towards x stop (what arrived stays)
+                costs = move_costs(p, live, cfg.chunk_bytes)
+                summary = migration_summary(p, costs, live, new)
                 moved, migrated, seconds = summary["bytes_moved"], True, summary["seconds"]
-                impact = 0.0 if strategy == "oracle" else summary["impact_token_s"]
-                # the oracle's moves are instant; others serve at the old placement until their
-                # transfers are done, after those already under way (a server moves one at a time)
-                start = max(t0, arriving[-1][0]) if arriving else t0
-                arriving.append((float(t0) if strategy == "oracle" else start + seconds * p.total_rate, new))
+                if strategy == "oracle":  # free and instant
+                    serving.move([(float(t0), new)])
+                else:  # each copy serves from its arrival
+                    impact = summary["impact_token_s"]
+                    serving.move([(t0 + sec * p.total_rate, stage)
+                                  for sec, stage in migration_stages(p, costs, live, new)])
                 x = new
-            served = []  # the interval's tokens at each placement that served them
-            pos = float(t0)
-            while arriving and arriving[0][0] < t0 + c:
-                at, nxt = arriving.pop(0)
-                if at > pos:
-                    served.append((at - pos, live))
-                    pos = at
-                live = nxt
-            served.append((t0 + c - pos, live))
+            served = serving.serve(t0, t0 + c)  # the interval's tokens at each placement that served them
             latency = sum(n * p.objective(pl) for n, pl in served) / c
             most = max(served, key=lambda s: s[0])[1]
             sim = simulate_tokens(p, most, settings.sim_tokens, seed=seed * 1000 + j)

@@ -88,7 +88,8 @@ class RuntimeController:
         if not d.switched:
             return
         self.version += 1
-        summary = migration_summary(self.problem, move_costs(self.problem, self.x), self.x, d.x)
+        summary = migration_summary(self.problem, move_costs(self.problem, self.x, self.config.chunk_bytes), self.x,
+                                    d.x)
         event = {"token": self.tokens, "version": self.version, "bytes_moved": summary["bytes_moved"],
                  "copies_added": summary["copies_added"], "copies_dropped": summary["copies_dropped"],
                  "predicted_gain_token_s": d.predicted_gain_token_s,
