@@ -209,6 +209,12 @@ def test_replan_command(tmp_path, capsys):
     assert mig["staged_objective_token_s"] == pytest.approx(
         1e5 * p.objective(x_old) - staged_gain(p, costs, x_old, x_new, 1e5) + mig["impact_token_s"], rel=1e-9)
     assert main(["evaluate", str(sc), str(new)]) == 0  # an ordinary placement
+    assert main(["replan", str(sc), "--from", str(old), "-o", str(tmp_path / "w.json"), "--horizon", "1e5",
+                 "--chunk", "0"]) == 0
+    whole = json.loads((tmp_path / "w.json").read_text())["migration"]
+    w_new = load_placement(tmp_path / "w.json", p).x
+    assert whole["chunk_bytes"] is None  # moves hold their links: the whole-transfer impact
+    assert whole["impact_token_s"] == pytest.approx(float(move_costs(p, x_old).impact[w_new & ~x_old].sum()), rel=1e-9)
     capsys.readouterr()
     # busy users, a horizon of one token: the transfers outlast it, and the command says so in one line
     busy = json.loads(sc.read_text())

@@ -166,8 +166,8 @@ def item_demand(problem: Problem) -> np.ndarray:
     in which a migration moves and drops copies (:func:`migration_stages`)."""
     items = problem.row_items
     valid = items < problem.n_items
-    server = np.repeat(problem.home_server[problem.row_home], items.shape[1]).reshape(items.shape)
-    w = np.repeat(problem.row_weight, items.shape[1]).reshape(items.shape)
+    server = np.broadcast_to(problem.home_server[problem.row_home][:, None], items.shape)
+    w = np.broadcast_to(problem.row_weight[:, None], items.shape)
     flat = server[valid] * problem.n_items + items[valid]
     return np.bincount(flat, weights=w[valid], minlength=problem.n_servers * problem.n_items).reshape(
         problem.n_servers, problem.n_items)

@@ -50,6 +50,7 @@ def replan_cmd(
     chunk_bytes = parse_quantity(chunk, "bytes", "--chunk")
     if not (chunk_bytes >= 0 and chunk_bytes < float("inf")):
         raise ScenarioError("--chunk", "must be a size >= 0 bytes", chunk)
+    chunk_bytes = chunk_bytes or None  # 0: moves hold their links
     if horizon is not None and not (horizon >= 1 and horizon < float("inf")):
         raise ScenarioError("--horizon", "must be a number of tokens >= 1", horizon)
     check_target(output, "--output")
@@ -62,13 +63,13 @@ def replan_cmd(
         raise ScenarioError("--from", "replan moves edge experts of SlimCaching-style placements only (this one "
                             f"is {current.latency_model!r} with dense parts)", str(old))
     h = horizon if horizon is not None else 3600.0 * problem.total_rate
-    costs = move_costs(problem, current.x, chunk_bytes or None)
+    costs = move_costs(problem, current.x, chunk_bytes)
     with working(f"re-planning with {algorithm} for {h:.3g} tokens"):
         pl = replan(problem, current.x, h, cap, algorithm, time_limit, costs=costs)
     mig = migration_summary(problem, costs, current.x, pl.x)
     info = pl.info.pop("replan")
     mig.update(info)
-    mig["chunk_bytes"] = chunk_bytes or None
+    mig["chunk_bytes"] = chunk_bytes
     lb = None
     if bound:
         with working("proving a lower bound (LP relaxation with the move costs)"):
