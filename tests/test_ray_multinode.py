@@ -131,3 +131,49 @@ def test_nodes_are_placed_on_the_ray_nodes_the_cluster_file_names(ray_cluster, t
     assert main(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1",
                  "--ray-placement", str(where)]) == 2
     assert "only with --launcher ray" in capsys.readouterr().err
+
+
+def _died(never_started: bool, message: str):
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+
+    return ActorDiedError(ActorDiedErrorContext(class_name="_NodeActor", actor_id=b"\x01" * 16,
+                                                error_message=message, never_started=never_started))
+
+
+@pytest.mark.parametrize("failures, expect_spawns, expect_error", [
+    ([], 1, None),
+    (["cancelled"], 2, None),  # cancelled before it ran: asked once more, then it runs
+    (["cancelled", "cancelled"], 2, "worker did not register in time. The actor never ran"),
+    (["died"], 1, "node died while it ran"),  # it ran: never started again behind the user's back
+])
+def test_a_node_actor_ray_cancelled_before_it_ran_is_started_once_more(monkeypatch, failures, expect_spawns,
+                                                                       expect_error):
+    import ray
+
+    from slimcaching.errors import ScenarioError
+    from slimcaching.runtime.launch import RayNode
+
+    node = RayNode("e0", {}, "127.0.0.1")
+    spawns, left = [], list(failures)
+    monkeypatch.setattr(RayNode, "spawn", lambda self, port=0: (spawns.append(port), setattr(self, "_port", port)))
+    monkeypatch.setattr(RayNode, "kill", lambda self: None)
+
+    def get(ref, timeout):
+        if left:
+            kind = left.pop(0)
+            raise _died(kind == "cancelled", "The worker did not register in time." if kind == "cancelled"
+                        else "The node died while it ran.")
+        return "127.0.0.1", 5555, 1, "n1"
+
+    monkeypatch.setattr(ray, "get", get)
+    node.spawn(0)
+    if expect_error is None:
+        node.wait_ready(10)
+        assert node.port == 5555 and node.ray_node == "n1"
+    else:
+        with pytest.raises(ScenarioError) as info:
+            node.wait_ready(10)
+        assert expect_error.lower() in str(info.value).lower()
+        assert "\n" not in str(info.value)
+    assert len(spawns) == expect_spawns

@@ -95,6 +95,27 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return box[0].strip() if box else ""
 
 
+RAY_START_ATTEMPTS = 2  # a node actor Ray cancelled before it ran is asked for once more
+
+
+def never_started(exc: BaseException) -> bool:
+    """Whether Ray's error says the actor was cancelled before any of its code ran."""
+    return "never ran" in str(exc) and "creation task" not in str(exc)
+
+
+def ray_error_line(exc: BaseException) -> str:
+    """One line from Ray's multi-line error: its cause (the line Ray writes after the actor's fields)
+    and, for an actor that never started, that it never started."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    if not never_started(exc):  # an error of the actor's own: its last line is the exception
+        return lines[-1][:300]
+    fields = ("class_name:", "actor_id:", "pid:", "name:", "namespace:", "ip:")
+    causes = [ln for ln in lines[1:] if not ln.startswith(fields)]
+    return " ".join(causes[-2:] if causes else lines[-1:])[:300]
+
+
 class RayNode:
     """A node as a Ray actor: the actor process runs the same :class:`NodeServer` in a thread and
     listens on its own socket, so the data path stays direct (Ray only places and stops it)."""
@@ -113,6 +134,7 @@ class RayNode:
     def spawn(self, port: int = 0) -> None:
         import ray  # optional extra (ray)
 
+        self._port = port
         opts: dict = {"num_cpus": 0, "max_restarts": 0}
         if "resources" in self.where:
             opts["resources"] = dict(self.where["resources"])
@@ -127,12 +149,20 @@ class RayNode:
     def wait_ready(self, timeout: float) -> None:
         import ray  # optional extra (ray)
 
-        try:
-            self.host, self.port, self.rss_at_start, self.ray_node = ray.get(self.ref, timeout=timeout)
-        except Exception as exc:  # ray wraps the actor's error; keep its last line
-            self.stop()
-            text = str(exc).strip().splitlines()
-            raise ScenarioError(f"node {self.name}", (text[-1] if text else type(exc).__name__)[:300]) from None
+        deadline = time.time() + timeout
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                self.host, self.port, self.rss_at_start, self.ray_node = ray.get(
+                    self.ref, timeout=max(deadline - time.time(), 1.0))
+                return
+            except Exception as exc:
+                self.stop()
+                # Ray cancels an actor it could not start (a worker that did not come up in time on a
+                # loaded machine, a node going away): nothing of ours ran, so asking once more is safe
+                if attempt < RAY_START_ATTEMPTS and never_started(exc) and time.time() < deadline:
+                    self.spawn(self._port)
+                    continue
+                raise ScenarioError(f"node {self.name}", ray_error_line(exc)) from None
 
     def start(self, timeout: float, port: int = 0) -> None:
         self.spawn(port)
