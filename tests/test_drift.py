@@ -9,6 +9,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import tiny_scenario_dict
 from slimcaching.adaptive import (
@@ -26,6 +28,19 @@ from slimcaching.algorithms import solve
 from slimcaching.cli import main
 from slimcaching.problem import build_problem
 from slimcaching.scenario import resolve_local_caches, resolve_scenario
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.integers(1, 8), st.sampled_from([2, 8, 64, 1 << 40]), st.integers(0, 2 ** 32 - 1))
+def test_the_empirical_profile_counts_each_distinct_set_in_row_order(n, k, experts, seed):
+    # integer codes (small ids) and the row-wise fallback (ids too large to code) give np.unique's answer
+    rng = np.random.default_rng(seed)
+    sets = rng.integers(0, experts, size=(n, k))
+    est = empirical_profile("m", [sets, sets[::-1]])
+    uniq, counts = np.unique(np.sort(sets, axis=1), axis=0, return_counts=True)
+    for layer in est.layers:
+        assert np.array_equal(layer.sets, uniq)
+        assert np.array_equal(layer.probs, counts / counts.sum())
 
 
 def test_sampled_tokens_estimate_the_profile():
@@ -313,3 +328,46 @@ def test_a_plan_must_beat_finishing_the_migration_under_way():
     assert again.predicted_gain_token_s == pytest.approx(
         first.predicted_gain_token_s - schedule_gain(p1, old, stages, 1e6), abs=1e-9)
     assert abs(again.predicted_gain_token_s) < 1e-6 * abs(first.predicted_gain_token_s)
+
+
+@pytest.mark.parametrize("since, window, change, due", [
+    (1, 5, False, True),  # a window still filling
+    (1, 10, True, True),  # a change point
+    (2, 10, False, False), (3, 10, False, True),  # a full window: every replan_every_checks checks
+])
+def test_a_check_replans_when_it_has_something_new(since, window, change, due):
+    from slimcaching.adaptive import ControllerConfig, replan_due
+
+    cfg = ControllerConfig(window_tokens=10, check_tokens=1, replan_every_checks=3)
+    assert replan_due(cfg, since, window, change) is due
+    assert replan_due(dataclasses.replace(cfg, replan_every_checks=1), since, window, change)
+
+
+def test_the_drift_controller_replans_a_full_window_every_few_checks(monkeypatch):
+    """On the quick task switch: with replan_every_checks = 1 the adaptive re-plans at every check;
+    with 3, only while its window fills, at the change point and every third check otherwise."""
+    from slimcaching.experiments import drift
+
+    label, base = drift.drift_scenarios(True)[0]
+    sc = drift.drift_scenario(base, "task-switch", drift.QUICK.phase_tokens)
+    c = drift.QUICK.controller.check_tokens
+    checks = 2 * drift.QUICK.phase_tokens // c
+    calls = {}
+    for every in (1, 3):
+        seen = calls.setdefault(every, [])
+        real = drift.decide
+
+        def counting(plan_on, judge_on, x_now, config, *args, seen=seen, real=real, **kw):
+            if config.horizon_tokens == drift.QUICK.controller.horizon_tokens and config.hysteresis > 0:
+                seen.append(1)  # the adaptive's own (the clairvoyant's has no hysteresis)
+            return real(plan_on, judge_on, x_now, config, *args, **kw)
+
+        monkeypatch.setattr(drift, "decide", counting)
+        settings = dataclasses.replace(drift.QUICK, controller=dataclasses.replace(
+            drift.QUICK.controller, replan_every_checks=every))
+        rows = drift.run_pattern(sc, label, "task-switch", settings)
+        monkeypatch.setattr(drift, "decide", real)
+        assert len([r for r in rows if r["strategy"] == "adaptive"]) == checks
+    assert len(calls[1]) == checks - 1
+    # checks 1 (filling), 4, 7, 10 at least; the change point at the switch may add one
+    assert 4 <= len(calls[3]) <= 6 < checks - 1

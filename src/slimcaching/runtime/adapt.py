@@ -19,7 +19,15 @@ import time
 
 import numpy as np
 
-from slimcaching.adaptive import ControllerConfig, changed, decide, estimate_problem, observed_tokens, split_window
+from slimcaching.adaptive import (
+    ControllerConfig,
+    changed,
+    decide,
+    estimate_problem,
+    observed_tokens,
+    replan_due,
+    split_window,
+)
 from slimcaching.migration import migration_summary, move_costs
 from slimcaching.problem import build_problem
 from slimcaching.runtime import protocol
@@ -45,6 +53,7 @@ class RuntimeController:
         self.checks = 0
         self.busy: threading.Thread | None = None
         self.since = 0  # recorded tokens before the last change point are out of the window
+        self.last_replan = 0  # the check it last re-planned at
 
     def _observed(self) -> dict[int, list[np.ndarray]] | None:
         """The window's tokens as per-layer sets (only tokens whose every layer was recorded), from
@@ -76,12 +85,17 @@ class RuntimeController:
         self.checks += 1
         sc, c = self.ctx.scenario, self.config.check_tokens
         n = observed_tokens(obs)
+        change = False
         if n >= 2 * c:
             recent = {m: [sets[n - c:] for sets in layers] for m, layers in obs.items()}
             older = {m: [sets[:n - c] for sets in layers] for m, layers in obs.items()}
-            if changed(estimate_problem(sc, recent), estimate_problem(sc, older), self.x, self.config, c, n - c):
+            change = changed(estimate_problem(sc, recent), estimate_problem(sc, older), self.x, self.config, c, n - c)
+            if change:
                 self.since = len(self.client.observed) // self.ctx.layout.layers - c
                 obs = recent
+        if not replan_due(self.config, self.checks - self.last_replan, observed_tokens(obs), change):
+            return
+        self.last_replan = self.checks
         half_a, half_b = split_window(obs)
         d = decide(estimate_problem(sc, half_a), estimate_problem(sc, half_b), self.x, self.config,
                    observed_tokens(half_b))
