@@ -1,8 +1,9 @@
 """The full drift experiment (``python benchmarks/bench_drift.py [--only default] [--out DIR]``):
 placements under a drifting workload on the default scenario and on 50 servers x 5,000 users,
 static / periodic / adaptive / clairvoyant / oracle (experiments/drift.py). The quick version runs
-in the tests (``experiment drift --quick``); this one is long (the 50 x 5,000 scenario re-plans at
-every check).
+in the tests (``experiment drift --quick``); this one is long (the 50 x 5,000 scenario's phases
+hold 4,000,000 tokens each, a re-plan on it ~10 s). ``--workers N`` runs the (scenario, pattern)
+runs in N processes (the rows do not change).
 
 ``--phase-sweep 20000,40000,...`` instead runs the task switch on the default scenario once per
 phase length, the controller's check and window scaled with it (a check every phase/40 tokens on
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated: default, 50x5000")
     ap.add_argument("--out", default="results-drift")
+    ap.add_argument("--workers", type=int, default=1, help="processes for the (scenario, pattern) runs")
     ap.add_argument("--phase-sweep", default="", help="comma-separated phase lengths in tokens (e.g. "
                     "20000,40000,100000,200000,400000): the task switch at each, instead of the full run")
     a = ap.parse_args(argv)
@@ -94,7 +96,10 @@ def main(argv=None) -> int:
             last[0] = time.time()
             print(f"{done}/{total} intervals, {time.time() - t0:.0f} s", flush=True)
 
-    path = run_drift(a.out, quick=False, only=only, progress=progress)
+    if a.workers < 1:
+        ap.error(f"--workers: at least 1, got {a.workers}")
+    path = run_drift(a.out, quick=False, only=only, progress=progress,
+                     backend="serial" if a.workers == 1 else "process", workers=a.workers)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     print(path.with_suffix(".md").read_text())
     return 0

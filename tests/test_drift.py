@@ -146,7 +146,8 @@ def test_a_change_point_is_found_after_a_switch_and_not_on_a_stationary_workload
 
 
 def test_experiment_drift_quick(tmp_path):
-    assert main(["experiment", "drift", "--quick", "--out", str(tmp_path)]) == 0
+    # its three runs in two worker processes (the command's default backend)
+    assert main(["experiment", "drift", "--quick", "--out", str(tmp_path), "--workers", "2"]) == 0
     for ext in ("csv", "png", "svg", "md"):
         assert (tmp_path / f"drift.{ext}").stat().st_size > 0
     rows = list(csv.DictReader((tmp_path / "drift.csv").open()))
@@ -170,6 +171,13 @@ def test_experiment_drift_quick(tmp_path):
     assert main(["report", str(tmp_path)]) == 0
     assert "drift" in (tmp_path / "report.html").read_text()
     json.dumps(rows)  # plain values only
+    # the same rows as the run in this process: every run draws from its own seeded streams
+    from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios, run_pattern
+
+    label, base = drift_scenarios(True)[0]
+    here = run_pattern(drift_scenario(base, "daily-mix", QUICK.phase_tokens), label, "daily-mix", QUICK)
+    there = [r for r in rows if r["pattern"] == "daily-mix"]
+    assert [{k: str(v) for k, v in r.items()} for r in here] == there
 
 
 @pytest.mark.parametrize("pattern", ["nope"])

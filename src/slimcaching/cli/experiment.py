@@ -69,7 +69,8 @@ def experiment(
             if n == "drift":  # a time series, not a sweep: its own runner (experiments/drift.py)
                 with flags(trace="--trace", scenario="--scenario"):
                     path = run_drift(out_dir, quick=quick, progress=report, traces=trace,
-                                     scenario=loaded if trace else None, phase_tokens=phase_tokens)
+                                     scenario=loaded if trace else None, phase_tokens=phase_tokens,
+                                     backend=backend, workers=workers, address=address)
                 console.print(f"drift: wrote {path}, drift.png, drift.svg, drift.md")
                 continue
 

@@ -58,6 +58,7 @@ from slimcaching.adaptive import (
 )
 from slimcaching.algorithms import solve
 from slimcaching.errors import ScenarioError
+from slimcaching.experiments.runner import EXECUTORS
 from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
@@ -342,13 +343,26 @@ def drift_scenarios(quick: bool, seed: int = 0, only: tuple[str, ...] = SCENARIO
             for name in only]
 
 
+def pattern_rows(index: int, sc: Scenario, label: str, pattern: str, settings: DriftSettings, seed: int,
+                 replay) -> tuple[int, list[dict]]:
+    """One run of :func:`run_drift` as a task for an executor: (its index, its rows)."""
+    return index, run_pattern(sc, label, pattern, settings, seed, None, replay)
+
+
 def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None,
               only: tuple[str, ...] = SCENARIOS, traces: list[str] | None = None, scenario: Scenario | None = None,
-              phase_tokens: int | None = None) -> Path:
+              phase_tokens: int | None = None, backend: str = "serial", workers: int | None = None,
+              address: str | None = None) -> Path:
     """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV.
 
     With ``traces`` (``.trace.npz`` or ``.npy`` routing traces, :func:`trace_scenario`) the one
-    pattern is ``trace``: one phase per trace, on ``scenario`` (default: the built-in one)."""
+    pattern is ``trace``: one phase per trace, on ``scenario`` (default: the built-in one).
+    ``backend`` (serial, process, ray; :mod:`slimcaching.experiments.runner`): the (scenario,
+    pattern) runs are independent and run in parallel on ``process`` and ``ray`` (progress then
+    moves a whole run at a time); every run draws from its own seeded streams, so the rows are the
+    same on every backend."""
+    if backend not in EXECUTORS:
+        raise ScenarioError("backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     out = Path(out)
     rows = []
     base = QUICK if quick else FULL
@@ -383,8 +397,18 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
             progress(done[0], total)
 
     out.mkdir(parents=True, exist_ok=True)
-    for label, sc, pat, replay in runs:
-        rows += run_pattern(sc, label, pat, per[label], seed, tick, replay)
+    if backend == "serial" or len(runs) == 1:  # progress per interval
+        for label, sc, pat, replay in runs:
+            rows += run_pattern(sc, label, pat, per[label], seed, tick, replay)
+    else:
+        tasks = [(i, sc, label, pat, per[label], seed, replay) for i, (label, sc, pat, replay) in enumerate(runs)]
+        by_run = {}
+        for i, run_rows in EXECUTORS[backend](tasks, workers=workers, address=address, fn=pattern_rows):
+            by_run[i] = run_rows
+            done[0] += len(run_rows)
+            if progress is not None:
+                progress(done[0], total)
+        rows = [r for i in range(len(runs)) for r in by_run[i]]
     path = out / "drift.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)

@@ -109,10 +109,11 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
 Task = tuple  # (exp_name, value, seed, quick, algorithms, exact_limit, scenario_path)
 
 
-def serial_executor(tasks: list[Task], **_) -> Iterable[list[dict]]:
-    """Run points one after another in this process."""
+def serial_executor(tasks: list[Task], fn: Callable | None = None, **_) -> Iterable:
+    """Run points (``fn(*task)``, by default :func:`run_point`) one after another in this process."""
+    fn = fn or run_point  # looked up now, not when this module was loaded
     for t in tasks:
-        yield run_point(*t)
+        yield fn(*t)
 
 
 def _watch_parent(parent: int) -> None:
@@ -127,13 +128,14 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iterable[list[dict]]:
-    """Run points in worker processes (stopped on Ctrl-C and when the parent dies)."""
+def process_executor(tasks: list[Task], workers: int | None = None, fn: Callable | None = None, **_) -> Iterable:
+    """Run points (``fn(*task)``, in the order they finish) in worker processes (stopped on Ctrl-C
+    and when the parent dies)."""
     ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_watch_parent,
                                initargs=(os.getpid(),))
     try:
-        futures = [pool.submit(run_point, *t) for t in tasks]
+        futures = [pool.submit(fn or run_point, *t) for t in tasks]
         for f in as_completed(futures):
             yield f.result()
     except BaseException:
@@ -155,8 +157,10 @@ def process_executor(tasks: list[Task], workers: int | None = None, **_) -> Iter
         pool.shutdown(wait=True)
 
 
-def ray_executor(tasks: list[Task], address: str | None = None, workers: int | None = None, **_):
-    """Run points as Ray tasks (a local instance, or the cluster at ``address``)."""
+def ray_executor(tasks: list[Task], address: str | None = None, workers: int | None = None, fn: Callable | None = None,
+                 **_) -> Iterable:
+    """Run points (``fn(*task)``, in the order they finish) as Ray tasks (a local instance, or the
+    cluster at ``address``)."""
     try:
         import ray  # optional extra (ray)
     except ImportError:
@@ -167,7 +171,7 @@ def ray_executor(tasks: list[Task], address: str | None = None, workers: int | N
         ray.init(ignore_reinit_error=True, log_to_driver=False, **kw)
         started = True
     try:
-        remote = ray.remote(run_point)
+        remote = ray.remote(fn or run_point)
         pending = [remote.remote(*t) for t in tasks]
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
