@@ -78,8 +78,6 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated: default, 50x5000")
     ap.add_argument("--out", default="results-drift")
     ap.add_argument("--workers", type=int, default=1, help="processes for the (scenario, pattern) runs")
-    ap.add_argument("--alpha-spending", action="store_true", help="the controller spends its false-alarm rate "
-                    "over a stationary stretch (ControllerConfig.alpha_spending)")
     ap.add_argument("--phase-sweep", default="", help="comma-separated phase lengths in tokens (e.g. "
                     "20000,40000,100000,200000,400000): the task switch at each, instead of the full run")
     a = ap.parse_args(argv)
@@ -101,8 +99,7 @@ def main(argv=None) -> int:
     if a.workers < 1:
         ap.error(f"--workers: at least 1, got {a.workers}")
     path = run_drift(a.out, quick=False, only=only, progress=progress,
-                     backend="serial" if a.workers == 1 else "process", workers=a.workers,
-                     controller={"alpha_spending": True} if a.alpha_spending else None)
+                     backend="serial" if a.workers == 1 else "process", workers=a.workers)
     print(f"wrote {path} in {time.time() - t0:.0f} s")
     print(path.with_suffix(".md").read_text())
     return 0

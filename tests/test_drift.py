@@ -379,29 +379,3 @@ def test_the_drift_controller_replans_a_full_window_every_few_checks(monkeypatch
     assert len(calls[1]) == checks - 1
     # checks 1 (filling), 4, 7, 10 at least; the change point at the switch may add one
     assert 4 <= len(calls[3]) <= 6 < checks - 1
-
-
-def test_alpha_spending_spends_the_false_alarm_rate_over_a_stationary_stretch():
-    from scipy.special import ndtr
-
-    from slimcaching.adaptive import ControllerConfig, gain_z
-
-    cfg = ControllerConfig(alpha_spending=True)
-    zs = [gain_z(cfg, k) for k in range(1, 100001)]
-    assert all(a < b for a, b in zip(zs, zs[1:]))
-    assert sum(ndtr(-np.array(zs))) == pytest.approx(ndtr(-cfg.z), rel=1e-4)  # the k-th gets 6/(pi k)^2 of it
-    assert gain_z(ControllerConfig(), 40) == gain_z(cfg, None) == cfg.z
-
-
-def test_a_late_check_of_a_stationary_stretch_needs_more_evidence():
-    """With alpha spending a gain that clears z = 2 standard errors is taken at a window's first
-    check and refused at its 40th (z ~ 4.3); without it, at both."""
-    _, p1, old, cfg = _switched(1e6)
-    n = 1
-    while not decide(p1, p1, old, cfg, judge_tokens=n).switched:  # the fewest held-out tokens that switch
-        n *= 2
-        assert n < 1 << 40
-    spending = dataclasses.replace(cfg, alpha_spending=True)
-    assert decide(p1, p1, old, cfg, judge_tokens=n, window_checks=40).switched
-    assert not decide(p1, p1, old, spending, judge_tokens=n, window_checks=40).switched
-    assert decide(p1, p1, old, spending, judge_tokens=4 * n, window_checks=1).switched

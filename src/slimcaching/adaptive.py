@@ -47,7 +47,6 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtr, ndtri
 
 from slimcaching.algorithms.replan import replan
 from slimcaching.migration import CHUNK_BYTES, move_costs, schedule_gain, staged_gain
@@ -69,7 +68,6 @@ class ControllerConfig:
     chunk_bytes: float | None = CHUNK_BYTES  # moves in the background, in chunks (None: a move holds its link)
     z: float = 2.0  # standard errors a gain (or a change) must clear: ~2.3% one-sided false alarms
     replan_every_checks: int = 1  # a full window without a change point re-plans every this many checks
-    alpha_spending: bool = False  # z grows with the checks since the window (re)started: see gain_z
 
 
 def token_sources(sc: Scenario) -> tuple[list[tuple[int, str]], np.ndarray]:
@@ -186,26 +184,13 @@ def observed_tokens(observed: dict[int, list[np.ndarray]]) -> int:
     return int(sum(len(layers[0]) for layers in observed.values() if layers))
 
 
-def gain_z(config: ControllerConfig, window_checks: int | None) -> float:
-    """The standard errors a gain must clear at the ``window_checks``-th check since the window
-    (re)started. ``z`` without ``alpha_spending``; with it, the false-alarm probability Phi(-z) is
-    spent over the checks of a stationary stretch rather than allowed at each one: the k-th check
-    gets Phi(-z) 6 / (pi^2 k^2) (the shares sum to Phi(-z)), so z_1 ~ 2.2, z_10 ~ 3.6 and z_40 ~ 4.3
-    for z = 2, while a change point restarts the count."""
-    if not config.alpha_spending or not window_checks or window_checks < 1:
-        return config.z
-    return float(-ndtri(ndtr(-config.z) * 6.0 / (np.pi ** 2 * window_checks ** 2)))
-
-
 def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: ControllerConfig,
-           judge_tokens: int | None = None, under_way: list[tuple[float, np.ndarray]] | None = None,
-           window_checks: int | None = None) -> Decision:
+           judge_tokens: int | None = None, under_way: list[tuple[float, np.ndarray]] | None = None) -> Decision:
     """One check of the controller: plan on ``plan_on`` (one half of the window), judge on
     ``judge_on`` (the other half, ``judge_tokens`` tokens: without it no standard error is
     charged); see the module docstring. ``under_way``: the stages of a migration in progress
     ([(tokens from now at which it serves, placement)]; ``x_now`` is what has arrived): a new plan
-    must then beat finishing it, whose gain is already paid for. ``window_checks``: the checks
-    since the window (re)started (:func:`gain_z`)."""
+    must then beat finishing it, whose gain is already paid for."""
     h = config.horizon_tokens
     pl = replan(plan_on, x_now, h, None, config.algorithm, costs=move_costs(plan_on, x_now, config.chunk_bytes))
     costs = move_costs(judge_on, x_now, config.chunk_bytes)
@@ -219,7 +204,7 @@ def decide(plan_on: Problem, judge_on: Problem, x_now: np.ndarray, config: Contr
         gain -= max(0.0, schedule_gain(judge_on, x_now, under_way, h))
     se = (float(np.sqrt(token_variance(judge_on, x_now, pl.x) / judge_tokens))
           if judge_tokens and moved.any() else 0.0)
-    switch = moved.any() and gain - gaining * gain_z(config, window_checks) * se - cost > config.hysteresis * h * t_now
+    switch = moved.any() and gain - gaining * config.z * se - cost > config.hysteresis * h * t_now
     return Decision(bool(switch), pl.x if switch else x_now, gain, cost, t_now)
 
 

@@ -270,7 +270,6 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
         serving = Serving(x)
         since = 0  # adaptive: where its window may start (the last change point)
         last_replan = 0  # adaptive: the check it last re-planned at
-        window_start = 0  # adaptive: the check its window (re)started after
         for j in range(n_int):
             t0 = j * c
             k = phase_at(t0)
@@ -297,12 +296,11 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
                                                       c, t0 - c - lo)
                 if change:
                     since = lo = t0 - c
-                    window_start = j - 1
                 if replan_due(cfg, j - last_replan, t0 - lo, change):
                     last_replan = j
                     half_a, half_b = split_window(observe(lo, t0, rng))
                     d = decide(estimate_problem(now, half_a), estimate_problem(now, half_b), live, cfg,
-                               observed_tokens(half_b), under_way=serving.ahead(t0), window_checks=j - window_start)
+                               observed_tokens(half_b), under_way=serving.ahead(t0))
                     new = d.x if d.switched else x
             if not np.array_equal(new, x):
                 # from what is there now: the transfers under way towards x stop (what arrived stays)
@@ -354,7 +352,7 @@ def pattern_rows(index: int, sc: Scenario, label: str, pattern: str, settings: D
 def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None,
               only: tuple[str, ...] = SCENARIOS, traces: list[str] | None = None, scenario: Scenario | None = None,
               phase_tokens: int | None = None, backend: str = "serial", workers: int | None = None,
-              address: str | None = None, controller: dict | None = None) -> Path:
+              address: str | None = None) -> Path:
     """Run the drift experiment into ``out``: drift.csv, drift.png/.svg, drift.md; returns the CSV.
 
     With ``traces`` (``.trace.npz`` or ``.npy`` routing traces, :func:`trace_scenario`) the one
@@ -362,8 +360,7 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
     ``backend`` (serial, process, ray; :mod:`slimcaching.experiments.runner`): the (scenario,
     pattern) runs are independent and run in parallel on ``process`` and ``ray`` (progress then
     moves a whole run at a time); every run draws from its own seeded streams, so the rows are the
-    same on every backend. ``controller``: fields of :class:`ControllerConfig` to set in every
-    run's settings (e.g. ``{"alpha_spending": True}``)."""
+    same on every backend."""
     if backend not in EXECUTORS:
         raise ScenarioError("backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     out = Path(out)
@@ -377,10 +374,7 @@ def run_drift(out: str | Path, quick: bool = False, seed: int = 0, progress=None
             base.controller, horizon_tokens=float(phase_tokens)))
 
     def settings_of(label: str) -> DriftSettings:
-        st = LARGE if label == "50x5000" and not quick else base
-        if not controller:
-            return st
-        return dataclasses.replace(st, controller=dataclasses.replace(st.controller, **controller))
+        return LARGE if label == "50x5000" and not quick else base
 
     if traces:
         arrays = [load_trace_array(t) for t in traces]

@@ -54,7 +54,6 @@ class RuntimeController:
         self.busy: threading.Thread | None = None
         self.since = 0  # recorded tokens before the last change point are out of the window
         self.last_replan = 0  # the check it last re-planned at
-        self.window_start = 0  # the check its window (re)started after
 
     def _observed(self) -> dict[int, list[np.ndarray]] | None:
         """The window's tokens as per-layer sets (only tokens whose every layer was recorded), from
@@ -93,14 +92,13 @@ class RuntimeController:
             change = changed(estimate_problem(sc, recent), estimate_problem(sc, older), self.x, self.config, c, n - c)
             if change:
                 self.since = len(self.client.observed) // self.ctx.layout.layers - c
-                self.window_start = self.checks - 1
                 obs = recent
         if not replan_due(self.config, self.checks - self.last_replan, observed_tokens(obs), change):
             return
         self.last_replan = self.checks
         half_a, half_b = split_window(obs)
         d = decide(estimate_problem(sc, half_a), estimate_problem(sc, half_b), self.x, self.config,
-                   observed_tokens(half_b), window_checks=self.checks - self.window_start)
+                   observed_tokens(half_b))
         if not d.switched:
             return
         self.version += 1
