@@ -87,3 +87,17 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
             s.running = False
         for t in threads:
             t.join(5)
+
+
+def cli_in_subprocess(args: list[str], timeout: float = 400.0) -> tuple[int, str]:
+    """Run ``slimcaching ARGS`` in a process of its own: (exit code, stderr). For the Ray launcher:
+    in CI a driver inside a pytest worker that had run other tests (and other Ray instances) lost
+    its node actors before they ran ("all references to the actor were removed"), twice in four
+    runs; a user's command is a fresh process, and so is the test's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("slimcaching"))
+    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stderr

@@ -23,7 +23,7 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
-from runtime_helpers import scenario_dict, solve, write_scenario  # noqa: E402
+from runtime_helpers import cli_in_subprocess, scenario_dict, solve, write_scenario  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
 from test_hf import _build  # noqa: E402
 
@@ -104,10 +104,10 @@ def test_nodes_are_placed_on_the_ray_nodes_the_cluster_file_names(ray_cluster, t
                                                    "e1": {"resources": {"site_b": 0.1}},
                                                    "cloud": {"host": IP}}}))
     out = tmp_path / "run.json"
-    code = main(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1 w2 w3",
-                 "--max-new-tokens", "4", "--no-emulate", "--launcher", "ray", "--address", ray_cluster,
-                 "--ray-placement", str(where), "--json", str(out)])
-    assert code == 0, capsys.readouterr().err
+    code, err = cli_in_subprocess(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1 w2 w3",
+                                   "--max-new-tokens", "4", "--no-emulate", "--launcher", "ray", "--address",
+                                   ray_cluster, "--ray-placement", str(where), "--json", str(out)])
+    assert code == 0, err
     rep = json.loads(out.read_text())
     assert rep["tokens_identical"]
     nodes = rep["nodes"]
@@ -117,11 +117,9 @@ def test_nodes_are_placed_on_the_ray_nodes_the_cluster_file_names(ray_cluster, t
     assert nodes["cloud"]["ray_node"] in {nodes["e0"]["ray_node"], nodes["e1"]["ray_node"]}
     # a host no Ray node has: one line, exit 2
     where.write_text(json.dumps({"ray_placement": {"e0": {"host": "no-such-host.invalid"}}}))
-    capsys.readouterr()
-    code = main(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1", "--max-new-tokens", "2",
-                 "--no-emulate", "--no-reference", "--launcher", "ray", "--address", ray_cluster,
-                 "--ray-placement", str(where)])
-    err = capsys.readouterr().err
+    code, err = cli_in_subprocess(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", "w1",
+                                   "--max-new-tokens", "2", "--no-emulate", "--no-reference", "--launcher", "ray",
+                                   "--address", ray_cluster, "--ray-placement", str(where)])
     assert code == 2 and "no live Ray node" in err and "Traceback" not in err
     # a malformed placement, and one without the ray launcher
     where.write_text(json.dumps({"ray_placement": {"e9": {"host": "x"}}}))

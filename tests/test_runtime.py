@@ -19,6 +19,7 @@ pytest.importorskip("msgpack")
 
 from runtime_helpers import (  # noqa: E402
     all_edge_placement,
+    cli_in_subprocess,
     scenario_dict,
     solve,
     thread_cluster,
@@ -317,8 +318,12 @@ def test_ray_launcher(model_dirs, tmp_path):
     d = model_dirs("mixtral")
     sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
     pl = solve(sc, "slimcaching", tmp_path / "slim.json")
-    code, rep = _run(tmp_path, sc, pl, d, "--launcher", "ray")
-    assert code == 0 and rep["tokens_identical"]
+    out = tmp_path / "run.json"
+    code, err = cli_in_subprocess(["cluster", "run", str(sc), str(pl), "--model", str(d), "--prompt", PROMPTS[0],
+                                   "--max-new-tokens", "6", "--json", str(out), "--launcher", "ray"])
+    assert code == 0, err
+    rep = json.loads(out.read_text())
+    assert rep["tokens_identical"]
     assert all(st["alive"] for st in rep["nodes"].values())
 
 
