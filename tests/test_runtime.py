@@ -153,6 +153,62 @@ def test_protocol_round_trip_and_rejections():
             protocol.decode(msg)
 
 
+def test_stamp_encodes_once_and_charges_the_size_without_the_arrival_time():
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    def request():
+        return protocol.RunRequest(3, "m", 1, [(0, [0, 1])], x, reply_user="u0", reply_hops=[("e1", "e0")])
+
+    sizes = []
+    req = request()
+    frames = protocol.stamp(req, lambda size: sizes.append(size) or 123.5)
+    assert sizes == [protocol.message_bytes(request().frames())]  # what link emulation charged before
+    assert req.deliver_at == 123.5
+    back = protocol.parse([bytes(f) for f in frames])
+    assert (back.deliver_at, back.assign, back.reply_hops) == (123.5, [(0, [0, 1])], [("e1", "e0")])
+    assert np.array_equal(back.x, x)
+    res = protocol.Result(3, [0], [x], {"0": "e0"}, "e0", {"compute_s": 0.1})
+    frames = protocol.stamp(res, lambda size: 7.0)
+    back = protocol.parse([memoryview(bytes(f)) for f in frames])  # headers arrive as memoryviews
+    assert back.deliver_at == 7.0 and back.timing == {"compute_s": 0.1} and np.array_equal(back.tensors[0], x)
+
+
+def test_output_array_is_to_numpy_in_fewer_calls():
+    from slimcaching.runtime.tensors import output_array, to_numpy
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    a = output_array(t)
+    assert np.array_equal(a, to_numpy(t)) and np.shares_memory(a, t.numpy())  # no copy
+    for u in (t.t(), t.to(torch.bfloat16), t.clone().requires_grad_(True)):  # strided, bf16, needs grad
+        got, want = output_array(u), to_numpy(u)
+        assert got.dtype == want.dtype and np.array_equal(got, want) and got.flags.c_contiguous
+
+
+def test_experts_run_directly_only_when_bit_identical(model_dirs, tmp_path, monkeypatch):
+    from slimcaching.runtime import weights
+
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
+    ctx = load_context(sc, solve(sc, "none", tmp_path / "none.json"), d)
+    mod = ctx.expert_source().load(1, 2)
+    split, hidden = weights.direct_forward(mod, split=True)
+    fused, _ = weights.direct_forward(mod)
+    attached = mod.__dict__["_slimcaching_direct"]
+    assert attached.__code__ is split.__code__  # the form with one library call fewer, tried first
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(1))
+    want = mod(x, torch.zeros((5, 1), dtype=torch.long), torch.ones((5, 1)))
+    assert torch.equal(weights.run_expert(mod, x), want)
+    # a form the probe finds different in one bit is never attached: the next one is, else none
+    tried = []
+    monkeypatch.setattr(weights, "_identical", lambda m, f, h, s: tried.append(f.__code__) or len(tried) > 1)
+    mod = ctx.expert_source().load(1, 2)
+    assert tried == [split.__code__, fused.__code__]
+    assert mod.__dict__["_slimcaching_direct"].__code__ is fused.__code__
+    monkeypatch.setattr(weights, "_identical", lambda m, f, h, s: False)
+    mod = ctx.expert_source().load(1, 2)
+    assert "_slimcaching_direct" not in mod.__dict__ and torch.equal(weights.run_expert(mod, x), want)
+
+
 def test_node_rejects_malformed_messages_and_keeps_serving(model_dirs, tmp_path):
     d = model_dirs("qwen3_moe")
     sc, pl = _setups(tmp_path, d)[1]

@@ -20,7 +20,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import zmq
 
 from slimcaching.hf import find_moe_layers
@@ -33,7 +32,7 @@ from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.skeleton import load_partial_model
-from slimcaching.runtime.tensors import to_numpy
+from slimcaching.runtime.tensors import output_array
 from slimcaching.runtime.transport import dealer_socket, send_now
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
@@ -153,7 +152,7 @@ class DeviceClient:
             for via, part in by_via.items():
                 rows = sorted({r for rs in part.values() for r in rs})
                 pos = {r: i for i, r in enumerate(rows)}
-                payload = to_numpy(x if len(rows) == x.shape[0] else x[rows])  # rows: sorted, distinct
+                payload = output_array(x if len(rows) == x.shape[0] else x[rows])  # rows: sorted, distinct
                 assign = [[e, [pos[r] for r in part[e]]] for e in sorted(part)]
                 groups.append((via, payload, assign))
             rec.serialise_s += time.time() - ser0
@@ -179,7 +178,7 @@ class DeviceClient:
                 res, recv_at = self._wait(one, deadline, layer, payload, assign, tag, t0)
                 ser0 = time.time()
                 for e, t in zip(res.experts, res.tensors):
-                    tt = torch.from_numpy(np.array(t, copy=True))
+                    tt = torch.from_numpy(t.copy())
                     outputs[e] = tt.view(torch.bfloat16) if tag == "bfloat16" else tt
                     rec.route[e] = str(res.route.get(str(e), res.node))
                 rec.serialise_s += time.time() - ser0
@@ -217,10 +216,9 @@ class DeviceClient:
             raise ClusterError(f"no live home server or cloud for user {self.user!r} (layer {layer})")
         req = RunRequest(next(self.ids), self.layout.model, layer, assign, payload, relay=True, reply_user=self.user,
                          reply_hops=[] if target == via else [(CLOUD, via)], dtype_tag=tag)
-        size = protocol.message_bytes(req.frames())
         links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
-        req.deliver_at = schedule_path(links, size, time.time())  # encoded: ready to go
-        if not send_now(self._sock(target), req.frames(), CONNECT_GRACE_MS):
+        frames = protocol.stamp(req, lambda size: schedule_path(links, size, time.time()))  # encoded: ready to go
+        if not send_now(self._sock(target), frames, CONNECT_GRACE_MS):
             return self._failed(target, "not connected", layer, payload, assign, tag, exclude, via)
         return req.id, target, exclude, via
 
@@ -241,7 +239,7 @@ class DeviceClient:
                                                          assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
-            sock.rcvtimeo = max(1, int(left * 1000))  # block in recv itself: no poller per wait
+            sock.setsockopt(zmq.RCVTIMEO, max(1, int(left * 1000)))  # block in recv itself: no poller per wait
             try:
                 frames = sock.recv_multipart(copy=False)
             except zmq.Again:

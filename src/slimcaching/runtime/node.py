@@ -316,14 +316,14 @@ class NodeServer:
         path = lay.paths[(self.name, msg.host)]
         sub = SplitStep(next(self.ids), msg.model, msg.user, msg.session, msg.start, msg.host, msg.x, relay=False,
                         reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag)
-        sub.deliver_at = schedule_path([self.transport.link(hp) for hp in path],
-                                       protocol.message_bytes(sub.frames()), time.time())
+        links = [self.transport.link(hp) for hp in path]
+        frames = protocol.stamp(sub, lambda size: schedule_path(links, size, time.time()))
         n = msg.x.shape[0]
         worst = max((c[0][0] for layer in range(lay.layers) for e in range(lay.experts)
                      if (c := lay.candidates(msg.host, layer, e))), default=0.0)
         bound = lay.relay_s[(self.name, msg.host)] + lay.paced_dense_s(msg.host, n) + lay.layers * (
             worst + lay.paced_exec_s(msg.host, n))
-        if self.dead_until.get(msg.host, 0.0) > now or not self.transport.send_to_peer(msg.host, sub.frames()):
+        if self.dead_until.get(msg.host, 0.0) > now or not self.transport.send_to_peer(msg.host, frames):
             self._holder_failed(msg.host, "not connected")
             self._step_done(ident, who, msg.x.nbytes,
                             ErrorReply(msg.id, f"split host {msg.host} not connected", False).frames())
@@ -344,8 +344,8 @@ class NodeServer:
             links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
             if req.reply_user is not None:
                 links.append(self.transport.link(("down", req.reply_user)))
-            res.deliver_at = schedule_path(links, protocol.message_bytes(res.frames()), time.time())
-            self._step_done(relay.ident, relay.who, req.x.nbytes, res.frames())
+            frames = protocol.stamp(res, lambda size: schedule_path(links, size, time.time()))
+            self._step_done(relay.ident, relay.who, req.x.nbytes, frames)
             return
         why = msg.reason[:200] if isinstance(msg, ErrorReply) else "malformed reply"
         if not isinstance(msg, ErrorReply) or "resend from position 0" not in why:
@@ -452,14 +452,15 @@ class NodeServer:
             rows = sorted({r for e in es for r in relay[e]})
             pos = {r: i for i, r in enumerate(rows)}
             path = lay.paths[(self.name, holder)]
+            x = p.req.x if len(rows) == p.req.x.shape[0] else p.req.x[rows]  # rows: sorted, distinct
             sub_req = RunRequest(next(self.ids), lay.model, layer, [(e, [pos[r] for r in relay[e]]) for e in es],
-                                 p.req.x[rows], relay=False, reply_hops=reversed_path(path),
+                                 x, relay=False, reply_hops=reversed_path(path),
                                  dtype_tag=p.req.dtype_tag)
-            size = protocol.message_bytes(sub_req.frames())
-            sub_req.deliver_at = schedule_path([self.transport.link(hp) for hp in path], size, time.time())
+            links = [self.transport.link(hp) for hp in path]
+            frames = protocol.stamp(sub_req, lambda size, links=links: schedule_path(links, size, time.time()))
             expected = lay.relay_s[(self.name, holder)] + lay.paced_exec_s(holder, len(rows))
             sub = Sub(p, holder, es, now + self.config.deadline_factor * expected + self.config.deadline_floor_s, now)
-            if not self.transport.send_to_peer(holder, sub_req.frames()):  # connection down: fall back at once
+            if not self.transport.send_to_peer(holder, frames):  # connection down: fall back at once
                 self._holder_failed(holder, "not connected")
                 p.fallbacks.append({"from": holder, "experts": es, "reason": "not connected"})
                 self._relay(p, {e: relay[e] for e in es}, exclude | {holder})
@@ -635,13 +636,12 @@ class NodeServer:
         res = Result(req.id, experts, [p.outputs[e] for e in experts], {str(e): p.route[e] for e in experts},
                      self.name, {"compute_s": p.compute_s, "queue_s": p.queue_s, "released": p.released,
                                  "ready": p.ready_at, "remote": p.remote}, p.fallbacks)
-        size = protocol.message_bytes(res.frames())
         links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
         if req.reply_user is not None:
             links.append(self.transport.link(("down", req.reply_user)))
-        res.deliver_at = schedule_path(links, size, max(p.ready_at, time.time()))  # encoded: ready to go
+        frames = protocol.stamp(res, lambda size: schedule_path(links, size, max(p.ready_at, time.time())))
         self._release(p)
-        self.transport.send_to_client(p.ident, res.frames())
+        self.transport.send_to_client(p.ident, frames)
 
     def status(self) -> dict:
         self.stats["refused_connections"] = dict(self.transport.gate.refused)
@@ -668,6 +668,7 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops the node like Ctrl-C
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     torch.set_num_threads(1)  # see session.device_session: an idle thread pool wakes up slowly
+    torch.set_grad_enabled(False)  # a node only runs inference: no grad mode to enter per request
     if name not in ctx.layout.nodes:
         raise ScenarioError("node", f"not a node of the scenario (nodes: {', '.join(ctx.layout.nodes)})", name)
     if keyring is None and not insecure and not is_loopback(host):

@@ -67,19 +67,40 @@ class ProtocolError(ValueError):
 def encode(header: dict, tensors: list[np.ndarray] | tuple = ()) -> list:
     """Header dict + numpy arrays -> frames (the arrays are sent without a copy when contiguous)."""
     h = dict(header)
+    bodies = _bodies(h, tensors)
+    return [msgpack.packb(h, use_bin_type=True)] + bodies
+
+
+def _bodies(h: dict, tensors) -> list:
+    """The tensor frames of a message; completes header ``h`` (version, tensor specs) in place."""
     h["v"] = VERSION
     arrs = [np.ascontiguousarray(t) for t in tensors]
     h["tensors"] = [{"dtype": dtype_name(a.dtype), "shape": list(a.shape)} for a in arrs]
-    return [msgpack.packb(h, use_bin_type=True)] + [memoryview(a).cast("B") if a.size else b"" for a in arrs]
+    return [memoryview(a).cast("B") if a.size else b"" for a in arrs]
+
+
+def stamp(msg, arrival) -> list:
+    """The frames of ``msg`` (a message with ``deliver_at``) with ``msg.deliver_at = arrival(size)``,
+    ``size`` being what :func:`message_bytes` says of the message without an arrival time, which is
+    what link emulation charges. The tensors are encoded once (every hop of a token sends one of
+    these: encoding twice, once to learn the size, cost a measurable share of a node's time)."""
+    msg.deliver_at = None
+    h = msg.header()
+    bodies = _bodies(h, msg.payload())
+    size = len(msgpack.packb(h, use_bin_type=True)) + sum(b.nbytes if isinstance(b, memoryview) else len(b)
+                                                         for b in bodies)
+    msg.deliver_at = h["deliver_at"] = arrival(size)
+    return [msgpack.packb(h, use_bin_type=True)] + bodies
 
 
 def decode(frames: list) -> tuple[dict, list[np.ndarray]]:
     """Frames -> (header, arrays). Raises :class:`ProtocolError` with the reason."""
     if not frames:
         raise ProtocolError("empty message")
-    raw = bytes(frames[0])
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    raw = frames[0]  # msgpack reads any buffer: no copy
+    size = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {size} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         h = msgpack.unpackb(raw, raw=False, strict_map_key=True,
                             ext_hook=_no_ext)
@@ -182,6 +203,9 @@ class RunRequest:
         if self.deliver_at is not None:
             h["deliver_at"] = self.deliver_at
         return h
+
+    def payload(self) -> list:
+        return [self.x]
 
     def frames(self) -> list:
         return encode(self.header(), [self.x])
@@ -306,6 +330,9 @@ class SplitStep:
             h["deliver_at"] = self.deliver_at
         return h
 
+    def payload(self) -> list:
+        return [self.x]
+
     def frames(self) -> list:
         return encode(self.header(), [self.x])
 
@@ -399,6 +426,9 @@ class Result:
         if self.deliver_at is not None:
             h["deliver_at"] = self.deliver_at
         return h
+
+    def payload(self) -> list:
+        return self.tensors
 
     def frames(self) -> list:
         return encode(self.header(), self.tensors)

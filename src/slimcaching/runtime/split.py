@@ -160,11 +160,11 @@ class HostExperts:
             tag = "bfloat16" if str(x.dtype) == "torch.bfloat16" else None
             req = RunRequest(next(self.ids), lay.model, layer, [(e, [pos[r] for r in remote[e]]) for e in es],
                              to_numpy(x[rows]), relay=False, reply_hops=reversed_path(path), dtype_tag=tag)
-            req.deliver_at = schedule_path([self.transport.link(hp) for hp in path],
-                                           protocol.message_bytes(req.frames()), time.time())
+            links = [self.transport.link(hp) for hp in path]
+            frames = protocol.stamp(req, lambda size, links=links: schedule_path(links, size, time.time()))
             expected = lay.relay_s[(self.node, holder)] + lay.paced_exec_s(holder, len(rows))
             sock = self._sock(holder)
-            if sock is None or not send_now(sock, req.frames(), CONNECT_GRACE_MS):
+            if sock is None or not send_now(sock, frames, CONNECT_GRACE_MS):
                 self._failed(holder, layer, es, "not connected")
                 out.update(self._send(layer, x, {e: remote[e] for e in es}, exclude | {holder}))
                 continue
@@ -422,8 +422,7 @@ class SplitHost:
                   "released": t0, "ready": time.time()}
         res = Result(step.id, [0], [to_numpy(last)], {}, self.name, timing, self.experts.fallbacks[-20:])
         self.experts.fallbacks.clear()
-        res.deliver_at = schedule_path(reply_links, protocol.message_bytes(res.frames()), time.time())
-        return res.frames()
+        return protocol.stamp(res, lambda size: schedule_path(reply_links, size, time.time()))
 
 
 # ---- the device: embeddings and head, steps through the access server ------------------------------
