@@ -13,6 +13,8 @@ Sections (all by default):
 * ``pair``: the same for a device and one server holding every expert, less the transport's own
   round trip (pyzmq with CURVE to an echo process, layer-sized messages): the runtime's software
   time per MoE layer;
+* ``hops``: a relayed layer's software time per process (home takes the request, holder runs it,
+  home answers, device parses), in-process with the runtime's own code, warm and with evicted caches;
 * ``predicted``: ``cluster run --pace`` with emulation, three placements x two link profiles:
   measured / predicted per token (median), and whether placements rank as predicted;
 * ``memory``: RSS per node against the experts it holds (a model with 3 MiB experts);
@@ -399,7 +401,101 @@ def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), a
             "rows": rows, "cells_within_5%": f"{within}/{len(rows)}"}
 
 
-SECTIONS = ("transport", "emulation", "overhead", "pair", "predicted", "memory", "grid")
+def bench_hops(tmp: Path, rounds: int = 400) -> dict:
+    """Where a relayed layer's software time goes, in one process and without sockets: a home
+    server takes a device's request and relays it (``home_request``), the holder runs it
+    (``holder``), the home takes the holder's result and answers (``home_reply``), the device parses
+    that answer (``device_parse``); the runtime's own code (``NodeServer``, ``protocol``), with the
+    transport's sends captured. Each part is timed warm (a tight loop) and cold: after a 64 MiB
+    sweep that evicts every cache, as a node woken after other processes ran on its core finds
+    them (the cluster's per-hop times match the cold column)."""
+    import heapq
+
+    import torch
+
+    from slimcaching.runtime.cluster import load_context
+    from slimcaching.runtime.node import NodeServer
+    from slimcaching.runtime.protocol import RunRequest, parse
+    from slimcaching.runtime.weights import load_experts
+
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)  # as in a node process (node.run_node)
+    model = _model(tmp)
+    sc = _scenario(model, tmp / "oh.yaml", capacity="400 kB", access_rtt="5 ms", uplink="50 Mbit/s")
+    pl = tmp / "oh-pl.json"
+    _cli("solve", str(sc), "-a", "slimcaching", "-o", str(pl))
+    ctx = load_context(sc, pl, model)
+    lay = ctx.layout
+    home_name = lay.homes[ctx.scenario.users[0].name]
+    user = ctx.scenario.users[0].name
+    layer, expert, holder_name = next(
+        (k[0], k[1], lay.candidates(home_name, *k)[0][1]) for k in sorted({k for n in lay.nodes for k in lay.held[n]})
+        if k not in lay.held[home_name] and lay.candidates(home_name, *k)[0][1] != "cloud")
+    nodes = {}
+    for name in (home_name, holder_name):
+        experts = load_experts(ctx.expert_source(), lay.held[name])
+        node = NodeServer(name, lay, experts, emulate=False, log=lambda m: None)
+        node.out = []
+        node.transport.send_to_client = lambda ident, frames, n=node: n.out.append(frames)
+        node.transport.send_to_peer = lambda peer, frames, n=node: n.out.append(frames) or True
+        node.transport.peers = {n: None for n in lay.nodes}
+        nodes[name] = node
+    home, holder = nodes[home_name], nodes[holder_name]
+
+    def settle(node) -> list:  # the loop's timers and tick until the node has sent something
+        while not node.out:
+            now = time.time()
+            while node.transport.timers and node.transport.timers[0][0] <= now:
+                heapq.heappop(node.transport.timers)[2]()
+            node._check_deadlines(time.time())
+        out = node.out[0]
+        node.out.clear()
+        return [memoryview(bytes(f)) for f in out]  # as a socket hands them over
+
+    sweep = np.ones(64 * 1024 * 1024 // 8)
+    x = np.random.default_rng(0).standard_normal((1, lay.hidden_size or 64)).astype(np.float32)
+
+    def one(i: int, cold: bool) -> list[float]:
+        times = []
+
+        def timed(fn):
+            if cold:
+                sweep.sum()
+            t0 = time.perf_counter()
+            got = fn()
+            times.append(time.perf_counter() - t0)
+            return got
+
+        request = RunRequest(i, lay.model, layer, [(expert, [0])], x, reply_user=user)
+        req = [memoryview(bytes(f)) for f in request.frames()]
+        sub = timed(lambda: (home.transport.__setattr__("received_at", time.time()),
+                             home.on_request(b"device", req, user), settle(home))[-1])
+        res = timed(lambda: (holder.transport.__setattr__("received_at", time.time()),
+                             holder.on_request(b"home", sub, home_name), settle(holder))[-1])
+        reply = timed(lambda: (home.transport.__setattr__("received_at", time.time()),
+                               home.on_reply(res), settle(home))[-1])
+        msg = timed(lambda: parse(reply))
+        assert msg.experts == [expert], msg
+        return times
+
+    parts = ("home_request", "holder", "home_reply", "device_parse")
+    out = {"relay": f"{home_name} -> {holder_name}, layer {layer} expert {expert}"}
+    try:
+        for cold in (False, True):
+            for i in range(50):
+                one(i, cold)
+            runs = [one(1000 + i, cold) for i in range(rounds)]
+            med = [1e6 * statistics.median(r[j] for r in runs) for j in range(len(parts))]
+            out["cold_us" if cold else "warm_us"] = {p: round(m, 1) for p, m in zip(parts, med)} | {
+                "sum": round(sum(med), 1)}
+    finally:
+        for node in nodes.values():
+            node.transport.peers = {}  # placeholders, no sockets
+            node.transport.close()
+    return out
+
+
+SECTIONS = ("transport", "emulation", "overhead", "pair", "hops", "predicted", "memory", "grid")
 
 
 def main() -> None:
@@ -413,7 +509,7 @@ def main() -> None:
         for sec in a.sections:
             t0 = time.time()
             fn = globals()[f"bench_{sec}"]
-            results[sec] = fn(tmp) if sec in ("overhead", "pair", "predicted", "memory", "grid") else fn()
+            results[sec] = fn(tmp) if sec in ("overhead", "pair", "hops", "predicted", "memory", "grid") else fn()
             results[sec]["seconds"] = time.time() - t0
             print(f"== {sec} ({results[sec]['seconds']:.0f} s)")
             print(json.dumps(results[sec], indent=1, default=str))

@@ -103,6 +103,12 @@ class Batcher:
         return ran
 
 
+def _rows_of(x, rows: list[int]):
+    """``x[rows]``, or ``x`` itself when ``rows`` are all of its rows in order (no gather)."""
+    n = len(rows)
+    return x if n == len(x) and rows == list(range(n)) else x[rows]
+
+
 @dataclass
 class Execution:
     """What one job produced: outputs per expert, and where its time went."""
@@ -156,18 +162,17 @@ class ExpertExecutor:
         grad = torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
         with self.lock, grad:
             for e in sorted(parts):
-                pieces = []
-                for j, rows in parts[e]:
-                    xt = jobs[j][0]
-                    every = len(rows) == xt.shape[0] and all(r == i for i, r in enumerate(rows))  # no gather
-                    pieces.append(xt if every else xt[rows])
+                pieces = [_rows_of(jobs[j][0], rows) for j, rows in parts[e]]
                 x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
                 out = output_array(run_expert(self.experts[(layer, e)], x))
-                at = 0
-                for (j, _), piece in zip(parts[e], pieces):
-                    outputs[j][e] = out[at:at + piece.shape[0]]
-                    at += piece.shape[0]
-                widest = max(widest, x.shape[0])
+                if len(pieces) == 1:  # one request needs this expert: its output is all of it
+                    outputs[parts[e][0][0]][e] = out
+                else:
+                    at = 0
+                    for (j, rows) in parts[e]:
+                        outputs[j][e] = out[at:at + len(rows)]
+                        at += len(rows)
+                widest = max(widest, len(out))
                 key = f"{layer}:{e}"
                 self.stats["executed"][key] = self.stats["executed"].get(key, 0) + 1
         end_real = time.time()
