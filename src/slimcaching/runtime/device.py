@@ -319,14 +319,16 @@ def _make_remote_experts_class():
                     top_k_pos, token_idx = torch.where((idx_t == e).T)
                     where[e] = (token_idx, top_k_pos)
             local = [(e, where[e][0]) for e in sorted(where) if (self.layer, e) in client.local]
-            remote = {e: where[e][0].tolist() for e in sorted(where) if (self.layer, e) not in client.local}
+            remote = {e: [0] if one else where[e][0].tolist()  # one row: no tensor to list
+                      for e in sorted(where) if (self.layer, e) not in client.local}
             pred = lay.predict_remote_s(client.user, tuple(remote), self.layer)
             outputs, rec = client.run_layer(self.layer, hidden_states, remote, local, pred)
             w = weights.reshape(hidden_states.shape[0], -1)
             for e in sorted(where):
                 token_idx, top_k_pos = where[e]
                 if one:  # for one row, index_add_ is this add (same order, same values)
-                    final.add_((outputs[e] * w[:, top_k_pos:top_k_pos + 1]).to(final.dtype))
+                    out = outputs[e] * w.narrow(1, top_k_pos, 1)  # narrow: w[:, k:k+1] in one call
+                    final.add_(out if out.dtype == final.dtype else out.to(final.dtype))
                 else:
                     out = outputs[e] * weights[token_idx, top_k_pos, None]
                     final.index_add_(0, token_idx, out.to(final.dtype))
