@@ -136,17 +136,29 @@ def test_protocol_round_trip_and_rejections():
     frames = protocol.encode({"op": "run", "id": 7, "layer": 1}, [x])
     h, (y,) = protocol.decode([bytes(f) for f in frames])
     assert h["op"] == "run" and h["id"] == 7 and np.array_equal(x, y)
+    mp = __import__("msgpack")
+
+    def frame(head: bytes, body: bytes = b"") -> bytes:  # a version-2 frame around raw header bytes
+        return len(head).to_bytes(4, "little") + head + bytes(-(4 + len(head)) % protocol.ALIGN) + body
+
+    whole = bytes(frames[0])
+    assert len(frames) == 1 and frame(mp.packb(h), x.tobytes()) == whole  # the layout the docs give
     bad = [
-        [b"\xc1garbage"],
-        [protocol.encode({"op": "run", "id": 1})[0][:3]],
+        [b"\xc1garbage"],  # a header length past the end
+        [whole[:3]],  # no header length
         [bytes(protocol.encode({"op": "nope", "id": 1})[0])],
         [bytes(protocol.encode({"op": "ping", "id": "x"})[0])],
-        [bytes(frames[0]), b"\x00" * 5],  # wrong body size
-        [bytes(frames[0])],  # missing body
-        [__import__("msgpack").packb({"v": 99, "op": "ping", "id": 1})],
-        [__import__("msgpack").packb({"v": 1, "op": "ping", "id": 1,
-                                      "tensors": [{"dtype": "object", "shape": [1]}]}), b"\x00" * 8],
-        [__import__("msgpack").packb(__import__("msgpack").ExtType(1, b"x"))],
+        [whole + b"\x00" * 5],  # bytes after the last tensor
+        [whole[:-4]],  # the body cut short
+        [whole, b"\x00" * 48],  # a second frame (version 1's layout)
+        [frame(mp.packb({"v": 99, "op": "ping", "id": 1}))],
+        [frame(mp.packb({"v": 1, "op": "ping", "id": 1}))],  # version 1
+        [frame(mp.packb({"v": 2, "op": "ping", "id": 1, "tensors": [{"dtype": "object", "shape": [1]}]}),
+               b"\x00" * 8)],
+        [frame(mp.packb(mp.ExtType(1, b"x")))],
+        [(protocol.MAX_HEADER_BYTES + 1).to_bytes(4, "little") + b"x"],  # a header over the limit
+        ["not bytes"],
+        [],
     ]
     for msg in bad:
         with pytest.raises(protocol.ProtocolError):
