@@ -82,22 +82,25 @@ def encode(header: dict, tensors: list[np.ndarray] | tuple = ()) -> list:
 def _join(head: bytes, bodies: list) -> bytes:
     """The one frame of a message: header length, header, and each body at its aligned offset."""
     parts = [len(head).to_bytes(4, "little"), head]
-    at = 4 + len(head)
-    for b in bodies:
-        pad = -at % ALIGN
+    for pad, b in zip(_pads(len(head), bodies), bodies):
         if pad:
             parts.append(bytes(pad))
         parts.append(b)
-        at += pad + _nbytes(b)
     return b"".join(parts)
 
 
-def _framed_size(head_bytes: int, bodies: list) -> int:
-    """What :func:`_join` would make of a header of ``head_bytes`` and ``bodies``, in bytes."""
-    at = 4 + head_bytes
+def _pads(head_bytes: int, bodies: list) -> list[int]:
+    """The zero bytes before each body of a frame whose header is ``head_bytes`` long."""
+    at, pads = 4 + head_bytes, []
     for b in bodies:
-        at += -at % ALIGN + _nbytes(b)
-    return at
+        pads.append(-at % ALIGN)
+        at += pads[-1] + _nbytes(b)
+    return pads
+
+
+def _framed_size(head_bytes: int, bodies: list) -> int:
+    """The length of :func:`_join`'s frame for a header of ``head_bytes`` and ``bodies``."""
+    return 4 + head_bytes + sum(_pads(head_bytes, bodies)) + sum(_nbytes(b) for b in bodies)
 
 
 def _nbytes(b) -> int:
@@ -254,7 +257,7 @@ class RunRequest:
         return [self.x]
 
     def frames(self) -> list:
-        return encode(self.header(), [self.x])
+        return encode(self.header(), self.payload())
 
     @classmethod
     def from_message(cls, h: dict, tensors: list[np.ndarray]) -> RunRequest:
@@ -380,7 +383,7 @@ class SplitStep:
         return [self.x]
 
     def frames(self) -> list:
-        return encode(self.header(), [self.x])
+        return encode(self.header(), self.payload())
 
     @classmethod
     def from_message(cls, h: dict, tensors: list[np.ndarray]) -> SplitStep:
@@ -477,7 +480,7 @@ class Result:
         return self.tensors
 
     def frames(self) -> list:
-        return encode(self.header(), self.tensors)
+        return encode(self.header(), self.payload())
 
     @classmethod
     def from_message(cls, h: dict, tensors: list[np.ndarray]) -> Result:
