@@ -161,6 +161,25 @@ class RowGroup:
         worst = np.where(in_y, self.v[..., None] if in_y.ndim == 2 else self.v[None, :, None], self.rc).max(axis=-1)
         return np.maximum(self.local, self.access + worst)
 
+    def sorted_prefix(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows in the prefix form of :func:`prefix_form` without bit masks (any E'):
+        ``spos`` [R, K] candidate index per position, costliest remote first (E' past a row's
+        candidates) and ``coefs`` [R, K] the weighted reduction of completing each prefix."""
+        e = self.n_candidates
+        cand = self.pos < e
+        r, k = cand.shape
+        key = np.where(cand, self.rc, -np.inf)
+        order = np.argsort(-key, axis=1, kind="stable")
+        worst = np.empty((r, k + 1))
+        worst[:, :k] = np.take_along_axis(key, order, axis=1)
+        worst[:, k] = -np.inf
+        np.maximum(worst, np.where(cand, -np.inf, self.rc).max(axis=1)[:, None], out=worst)
+        np.maximum(worst[:, 1:], self.v[:, None], out=worst[:, 1:])
+        lat = np.maximum(self.local[:, None], self.access[:, None] + worst)
+        scand = np.take_along_axis(cand, order, axis=1)
+        spos = np.where(scand, np.take_along_axis(self.pos, order, axis=1), e)
+        return np.ascontiguousarray(spos, np.int64), np.where(scand, (lat[:, :-1] - lat[:, 1:]) * self.w[:, None], 0.0)
+
     def values(self, masks: np.ndarray) -> np.ndarray:
         ext = np.zeros((masks.shape[0], self.n_candidates + 1), bool)
         ext[:, :-1] = masks

@@ -140,3 +140,29 @@ def _compile():
         return best, arg
 
     return candidates, prefix_rows, zeta_best
+
+
+_ROW_GREEDY = None
+_ROW_GREEDY_TRIED = False
+
+
+def row_greedy_kernel():
+    """The compiled row greedy (:func:`slimcaching.algorithms.core.values.row_greedy_compiled`),
+    or None when numba is unavailable or disabled. Compiled on first use, whatever the problem's
+    size: groups kept as rows (top-K > 5 over many experts) are where it pays."""
+    global _ROW_GREEDY, _ROW_GREEDY_TRIED
+    if os.environ.get("SLIMCACHING_NUMBA", "1").strip() in ("0", "false", "no", "off"):
+        return None
+    if not _ROW_GREEDY_TRIED:
+        _ROW_GREEDY_TRIED = True
+        try:
+            _ROW_GREEDY = _compile_row_greedy()
+        except ImportError:
+            _ROW_GREEDY = None
+    return _ROW_GREEDY
+
+
+def _compile_row_greedy():
+    from slimcaching.algorithms.core import row_kernels  # imports numba (~0.7 s)
+
+    return row_kernels.row_greedy

@@ -1,0 +1,159 @@
+"""The row greedy of :func:`slimcaching.algorithms.core.values.row_greedy_compiled`, compiled by
+numba (module level, so that numba's on-disk cache keeps it between runs). Imported only through
+:func:`slimcaching.algorithms.core.kernels.row_greedy_kernel`."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def _unlink(r, nxt_of, head, after, before):
+    x = nxt_of[r]
+    if x < 0:
+        return
+    a, b = after[r], before[r]
+    if b >= 0:
+        after[b] = a
+    else:
+        head[x] = a
+    if a >= 0:
+        before[a] = b
+    nxt_of[r] = -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single):
+    """Advance row r past its chosen positions; file it under the expert it waits on next
+    with the gain that expert would bring (its run of chosen positions after it included).
+    Returns the value the advance added."""
+    k = spos.shape[1]
+    old = nxt_of[r]
+    if old >= 0:
+        single[old] -= gain[r]
+        _unlink(r, nxt_of, head, after, before)
+    gain[r] = 0.0
+    added = 0.0
+    j = lvl[r]
+    while j < k and spos[r, j] < e and chosen[spos[r, j]]:
+        added += coefs[r, j]
+        j += 1
+    lvl[r] = j
+    if j >= k or spos[r, j] >= e:
+        return added  # complete (or only non-candidates left): the row gains nothing more
+    x = spos[r, j]
+    g = coefs[r, j]
+    t = j + 1
+    while t < k and spos[r, t] < e and chosen[spos[r, t]]:
+        g += coefs[r, t]
+        t += 1
+    gain[r] = g
+    single[x] += g
+    nxt_of[r] = x
+    before[r] = -1
+    after[r] = head[x]
+    if head[x] >= 0:
+        before[head[x]] = r
+    head[x] = r
+    return added
+
+
+@numba.njit(cache=True, nogil=True)
+def row_greedy(spos, coefs, e, kmax, heavy, completions):
+    """Greedy with set completions over rows in sorted-prefix form (see values.py): returns the
+    value reached at each size and the chosen candidates there (-inf: no move ended at that size)."""
+    r_n, k = spos.shape
+    chosen = np.zeros(e + 1, np.bool_)
+    lvl = np.zeros(r_n, np.int64)
+    nxt_of = np.full(r_n, -1, np.int64)
+    head = np.full(e + 1, -1, np.int64)
+    after = np.full(r_n, -1, np.int64)
+    before = np.full(r_n, -1, np.int64)
+    gain = np.zeros(r_n)
+    single = np.zeros(e + 1)
+    # rows of each candidate expert (every position): CSR
+    count = np.zeros(e + 2, np.int64)
+    for r in range(r_n):
+        for j in range(k):
+            if spos[r, j] < e:
+                count[spos[r, j] + 1] += 1
+    for x in range(e):
+        count[x + 1] += count[x]
+    csr = np.empty(count[e], np.int64)
+    fill = count[:e].copy()
+    for r in range(r_n):
+        for j in range(k):
+            x = spos[r, j]
+            if x < e:
+                csr[fill[x]] = r
+                fill[x] += 1
+    for r in range(r_n):
+        _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single)
+    trial = np.zeros(e + 1, np.bool_)
+    missing = np.empty(k, np.int64)
+    best_missing = np.empty(k, np.int64)
+    best = np.full(kmax + 1, -np.inf)
+    masks = np.zeros((kmax + 1, e), np.bool_)
+    best[0] = 0.0
+    value = 0.0
+    size = 0
+    while size < kmax:
+        j_best, g_best = -1, -np.inf
+        for x in range(e):
+            if not chosen[x] and single[x] > g_best:
+                j_best, g_best = x, single[x]
+        if j_best < 0:
+            break
+        move_gain, move_size, use_completion = g_best, 1, False
+        tried = 0
+        for hi in range(heavy.shape[0]):
+            h = heavy[hi]
+            nm = 0
+            for j in range(k):
+                x = spos[h, j]
+                if x < e and not chosen[x]:
+                    dup = False
+                    for t in range(nm):
+                        if missing[t] == x:
+                            dup = True
+                    if not dup:
+                        missing[nm] = x
+                        nm += 1
+            if nm < 2 or size + nm > kmax:
+                continue
+            tried += 1
+            if tried > completions:
+                break
+            for t in range(nm):
+                trial[missing[t]] = True
+            # only rows waiting on an expert of the move can gain from it
+            g = 0.0
+            for t in range(nm):
+                r = head[missing[t]]
+                while r >= 0:
+                    j = lvl[r]
+                    while j < k and spos[r, j] < e and (chosen[spos[r, j]] or trial[spos[r, j]]):
+                        g += coefs[r, j]
+                        j += 1
+                    r = after[r]
+            for t in range(nm):
+                trial[missing[t]] = False
+            if g / nm > move_gain / move_size + 1e-18:
+                move_gain, move_size, use_completion = g, nm, True
+                for t in range(nm):
+                    best_missing[t] = missing[t]
+        if move_gain <= 1e-18:
+            break
+        if not use_completion:
+            best_missing[0] = j_best
+        for t in range(move_size):
+            chosen[best_missing[t]] = True
+        for t in range(move_size):
+            x = best_missing[t]
+            for c in range(count[x], count[x + 1]):
+                value += _relink(csr[c], spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single)
+        size += move_size
+        best[size] = value
+        masks[size, :] = chosen[:e]
+    return best, masks
