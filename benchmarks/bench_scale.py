@@ -6,7 +6,9 @@ scenario generation + problem build + solve. Sizes are SERVERSxUSERS of the defa
 servers) and against servers (at 100 users per server).
 
 Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcaching,slimcaching-fast]
-     [--json OUT]
+     [--models qwen3-30b-a3b --models-per-user 1] [--json OUT]
+     python benchmarks/bench_scale.py --shapes --sizes 5x50   # model shape: one preset per run
+         (top-2 of 8, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model per user
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
 """
 
@@ -22,8 +24,10 @@ import time
 import numpy as np
 from _fit import slope, write_results
 
+SHAPES = ("mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
 
-def one(size: str, algo: str) -> dict:
+
+def one(size: str, algo: str, models: str = "", models_per_user: int = 2) -> dict:
     from slimcaching.algorithms import solve
     from slimcaching.evaluation import placement_latency
     from slimcaching.generate import generate_scenario_dict
@@ -32,12 +36,13 @@ def one(size: str, algo: str) -> dict:
 
     servers, users = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
-    sc = resolve_scenario(generate_scenario_dict(servers=servers, users=users))
+    extra = {"models": tuple(models.split(",")), "models_per_user": models_per_user} if models else {}
+    sc = resolve_scenario(generate_scenario_dict(servers=servers, users=users, **extra))
     problem = build_problem(sc, merge_rows=True)
     problem.compact()
     build = time.perf_counter() - t0
     pl = solve(problem, algo)
-    return {"size": size, "servers": servers, "users": users, "algorithm": algo,
+    return {"size": size, "servers": servers, "users": users, "algorithm": algo, "models": models or "default",
             "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": build, "solve_s": pl.solve_seconds,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "passes": pl.params.get("passes_run"), "polish": pl.params.get("polish"),
@@ -63,32 +68,40 @@ def main() -> None:
     ap.add_argument("--sizes", default="5x50,5x500,5x2000,5x5000,10x1000,20x2000,50x5000")
     ap.add_argument("--algos", default="slimcaching,slimcaching-fast")
     ap.add_argument("--json")
-    ap.add_argument("--one", nargs=2, metavar=("SIZE", "ALGO"), help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="", help="comma-separated presets (default: the default scenario's)")
+    ap.add_argument("--models-per-user", type=int, default=2)
+    ap.add_argument("--shapes", action="store_true", help="one run per preset of SHAPES, one model per user")
+    ap.add_argument("--one", nargs=4, metavar=("SIZE", "ALGO", "MODELS", "PER_USER"), help=argparse.SUPPRESS)
     ap.add_argument("--cli", action="store_true")
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one)))
+        size, algo, models, per_user = args.one
+        print(json.dumps(one(size, algo, "" if models == "-" else models, int(per_user))))
         return
     if args.cli:
         print(json.dumps(cli_time()))
         return
     rows = []
-    for size in args.sizes.split(","):
-        for algo in args.algos.split(","):
-            t0 = time.perf_counter()
-            res = subprocess.run([sys.executable, __file__, "--one", size, algo], capture_output=True, text=True)
-            if res.returncode:
-                print(f"{size} {algo} failed:\n{res.stderr[-2000:]}", flush=True)
-                continue
-            row = json.loads(res.stdout.strip().splitlines()[-1])
-            row["wall_s"] = time.perf_counter() - t0
-            rows.append(row)
-            print(f"{size:>10s} {algo:18s} {row['latency_ms']:10.4f} ms  build {row['build_s']:6.2f} s  "
-                  f"solve {row['solve_s']:7.2f} s  peak {row['peak_rss_mb']:7.0f} MB  passes {row['passes']}",
-                  flush=True)
+    model_sets = [(m, 1) for m in SHAPES] if args.shapes else [(args.models or "-", args.models_per_user)]
+    runs = [(size, algo, m, k) for m, k in model_sets for size in args.sizes.split(",")
+            for algo in args.algos.split(",")]
+    for size, algo, models, per_user in runs:
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, __file__, "--one", size, algo, models, str(per_user)],
+                             capture_output=True, text=True)
+        if res.returncode:
+            print(f"{size} {algo} failed:\n{res.stderr[-2000:]}", flush=True)
+            continue
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        print(f"{row['models'][:28]:28s} {size:>10s} {algo:18s} {row['latency_ms']:10.4f} ms  "
+              f"build {row['build_s']:6.2f} s  solve {row['solve_s']:7.2f} s  peak {row['peak_rss_mb']:7.0f} MB  "
+              f"passes {row['passes']}",
+              flush=True)
     fits = {}
     for algo in args.algos.split(","):
-        mine = [r for r in rows if r["algorithm"] == algo]
+        mine = [r for r in rows if r["algorithm"] == algo and r["models"] == rows[0]["models"]]
         users = [(r["users"], r["solve_s"]) for r in mine if r["servers"] == 5]  # users at 5 servers
         servers = [(r["servers"], r["solve_s"]) for r in mine if r["users"] == 100 * r["servers"]]  # 100 per server
         for key, pts in (("users", users), ("servers", servers)):

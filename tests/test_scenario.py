@@ -72,9 +72,24 @@ def test_unknown_field_did_you_mean(tmp_path):
     ("switch-base-8", 0.619), ("switch-base-128", 7.4), ("mixtral-8x7b", 46.7), ("olmoe-1b-7b", 6.9),
     ("qwen3-30b-a3b", 30.5), ("deepseek-v2-lite", 15.7), ("qwen1.5-moe-a2.7b", 14.3),
     ("llama-moe-3.5b-4-16", 6.7), ("llama-moe-3.5b-2-8", 6.7),
+    # the 2025-26 models (published totals; vision encoders and MTP modules not counted)
+    ("deepseek-v3", 671), ("qwen3-235b-a22b", 235), ("kimi-k2", 1040), ("gpt-oss-20b", 20.9),
+    ("gpt-oss-120b", 116.8), ("llama-4-scout", 109), ("llama-4-maverick", 400), ("mixtral-8x22b", 141),
+    ("glm-4.5-air", 106),
 ])
 def test_preset_totals_match_published_sizes(name, billions):
     assert ARCHS[name].total_params() / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+@pytest.mark.parametrize("name,billions", [
+    ("deepseek-v3", 37), ("qwen3-235b-a22b", 22), ("kimi-k2", 32), ("gpt-oss-20b", 3.6), ("gpt-oss-120b", 5.1),
+    ("llama-4-maverick", 17), ("mixtral-8x22b", 39), ("glm-4.5-air", 12),
+])
+def test_preset_active_params_match_published(name, billions):
+    """Active parameters per token: every non-routed weight a token passes plus its K experts."""
+    a = ARCHS[name]
+    active = a.dense_token_params() + a.moe_layers * a.top_k * a.expert_params
+    assert active / 1e9 == pytest.approx(billions, rel=0.08)
 
 
 def test_llama_moe_activated_params():

@@ -246,6 +246,102 @@ def _qwen3_moe() -> Arch:
     )
 
 
+def _mla(h: int, heads: int, q_rank: int, kv_rank: int, nope: int, rope: int, v: int) -> int:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv projections, their norms."""
+    q = h * q_rank + q_rank + q_rank * heads * (nope + rope) if q_rank else h * heads * (nope + rope)
+    return q + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v) + heads * v * h
+
+
+def _deepseek_v3(name: str, experts: int, heads: int, dense_layers: int, vocab: int, hf_id: str) -> Arch:
+    """DeepSeek-V3 architecture (also Kimi-K2): MLA, the first layers dense, one shared expert;
+    the multi-token-prediction module of the checkpoint is not used in decoding and not counted."""
+    h, layers, inter, moe_inter = 7168, 61, 18432, 2048
+    moe = layers - dense_layers
+    return Arch(
+        hf_id=hf_id, hidden=h, moe_layers=moe, experts=experts, top_k=8, expert_params=_swiglu(h, moe_inter),
+        attention_params_per_layer=_mla(h, heads, 1536, 512, 128, 64, 128), total_layers=layers, vocab=vocab,
+        tie_embeddings=False, dense_ffn_params=dense_layers * _swiglu(h, inter),
+        shared_params_per_moe_layer=_swiglu(h, moe_inter) + experts, norm_and_bias_params=(2 * layers + 1) * h,
+        source={"hidden_size": h, "num_hidden_layers": layers, "first_k_dense_replace": dense_layers,
+                "n_routed_experts": experts, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                "moe_intermediate_size": moe_inter, "intermediate_size": inter, "num_attention_heads": heads,
+                "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "vocab_size": vocab, "model": name},
+    )
+
+
+def _qwen3_235b() -> Arch:
+    h = 4096
+    return Arch(
+        hf_id="Qwen/Qwen3-235B-A22B", hidden=h, moe_layers=94, experts=128, top_k=8,
+        expert_params=_swiglu(h, 1536), attention_params_per_layer=_gqa(h, 64, 4, 128) + 2 * 128,
+        total_layers=94, vocab=151936, tie_embeddings=False, norm_and_bias_params=(2 * 94 + 1) * h,
+        source={"hidden_size": 4096, "num_hidden_layers": 94, "num_experts": 128, "num_experts_per_tok": 8,
+                "moe_intermediate_size": 1536, "num_attention_heads": 64, "num_key_value_heads": 4,
+                "head_dim": 128, "vocab_size": 151936},
+    )
+
+
+def _gpt_oss(layers: int, experts: int, hf_id: str) -> Arch:
+    """gpt-oss: experts with biases (gate_up [2I] and down [H]), attention with biases and sinks;
+    ``presets --precision`` sets the bytes (the published checkpoint stores experts in MXFP4)."""
+    h, inter, heads, kv, hd = 2880, 2880, 64, 8, 64
+    attn = _gqa(h, heads, kv, hd) + heads * hd + 2 * kv * hd + h + heads
+    return Arch(
+        hf_id=hf_id, hidden=h, moe_layers=layers, experts=experts, top_k=4,
+        expert_params=_swiglu(h, inter) + 2 * inter + h, attention_params_per_layer=attn, total_layers=layers,
+        vocab=201088, tie_embeddings=False, norm_and_bias_params=(2 * layers + 1) * h + layers * experts,
+        source={"hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
+                "num_local_experts": experts, "num_experts_per_tok": 4, "num_attention_heads": heads,
+                "num_key_value_heads": kv, "head_dim": hd, "vocab_size": 201088},
+    )
+
+
+def _llama4(experts: int, moe_step: int, hf_id: str) -> Arch:
+    """Llama 4 text model: top-1 routed expert plus a shared expert in every MoE layer; with
+    ``interleave_moe_layer_step`` 2 every other layer is a dense FFN. The vision encoder is not counted."""
+    h, layers, inter, inter_mlp = 5120, 48, 8192, 16384
+    moe = layers // moe_step
+    return Arch(
+        hf_id=hf_id, hidden=h, moe_layers=moe, experts=experts, top_k=1, expert_params=_swiglu(h, inter),
+        attention_params_per_layer=_gqa(h, 40, 8, 128), total_layers=layers, vocab=202048, tie_embeddings=False,
+        dense_ffn_params=(layers - moe) * _swiglu(h, inter_mlp), shared_params_per_moe_layer=_swiglu(h, inter),
+        norm_and_bias_params=(2 * layers + 1) * h,
+        source={"hidden_size": h, "num_hidden_layers": layers, "num_local_experts": experts,
+                "num_experts_per_tok": 1, "intermediate_size": inter, "intermediate_size_mlp": inter_mlp,
+                "interleave_moe_layer_step": moe_step, "num_attention_heads": 40, "num_key_value_heads": 8,
+                "head_dim": 128, "vocab_size": 202048},
+    )
+
+
+def _mixtral_8x22b() -> Arch:
+    h = 6144
+    return Arch(
+        hf_id="mistralai/Mixtral-8x22B-v0.1", hidden=h, moe_layers=56, experts=8, top_k=2,
+        expert_params=_swiglu(h, 16384), attention_params_per_layer=_gqa(h, 48, 8, 128),
+        total_layers=56, vocab=32000, tie_embeddings=False, norm_and_bias_params=(2 * 56 + 1) * h,
+        source={"hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 56,
+                "num_attention_heads": 48, "num_key_value_heads": 8, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "vocab_size": 32000},
+    )
+
+
+def _glm45_air() -> Arch:
+    """GLM-4.5-Air: first layer dense, one shared expert, attention with q/k/v biases; its
+    multi-token-prediction layer is not used in decoding and not counted."""
+    h, layers, heads, kv, hd = 4096, 46, 96, 8, 128
+    return Arch(
+        hf_id="zai-org/GLM-4.5-Air", hidden=h, moe_layers=layers - 1, experts=128, top_k=8,
+        expert_params=_swiglu(h, 1408), attention_params_per_layer=_gqa(h, heads, kv, hd) + heads * hd + 2 * kv * hd,
+        total_layers=layers, vocab=151552, tie_embeddings=False, dense_ffn_params=_swiglu(h, 10944),
+        shared_params_per_moe_layer=_swiglu(h, 1408) + 128, norm_and_bias_params=(2 * layers + 1) * h,
+        source={"hidden_size": h, "num_hidden_layers": layers, "first_k_dense_replace": 1,
+                "n_routed_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                "moe_intermediate_size": 1408, "intermediate_size": 10944, "num_attention_heads": heads,
+                "num_key_value_heads": kv, "head_dim": hd, "vocab_size": 151552},
+    )
+
+
 ARCHS: dict[str, Arch] = {
     **{f"switch-base-{e}": _switch(e) for e in (8, 16, 32, 64, 128, 256)},
     "llama-moe-3.5b-2-8": _llama_moe(2, 8),
@@ -258,6 +354,15 @@ ARCHS: dict[str, Arch] = {
     "deepseek-v2-lite": _deepseek_v2_lite(),
     "olmoe-1b-7b": _olmoe(),
     "qwen3-30b-a3b": _qwen3_moe(),
+    "qwen3-235b-a22b": _qwen3_235b(),
+    "deepseek-v3": _deepseek_v3("DeepSeek-V3 / R1", 256, 128, 3, 129280, "deepseek-ai/DeepSeek-V3"),
+    "kimi-k2": _deepseek_v3("Kimi-K2", 384, 64, 1, 163840, "moonshotai/Kimi-K2-Instruct"),
+    "gpt-oss-20b": _gpt_oss(24, 32, "openai/gpt-oss-20b"),
+    "gpt-oss-120b": _gpt_oss(36, 128, "openai/gpt-oss-120b"),
+    "llama-4-scout": _llama4(16, 1, "meta-llama/Llama-4-Scout-17B-16E"),
+    "llama-4-maverick": _llama4(128, 2, "meta-llama/Llama-4-Maverick-17B-128E"),
+    "mixtral-8x22b": _mixtral_8x22b(),
+    "glm-4.5-air": _glm45_air(),
 }
 
 

@@ -163,6 +163,6 @@ def row_greedy_kernel():
 
 
 def _compile_row_greedy():
-    from slimcaching.algorithms.core import row_kernels  # imports numba (~0.7 s)
+    from slimcaching.algorithms.core import row_kernels  # start-up: imports numba (~0.7 s)
 
     return row_kernels.row_greedy

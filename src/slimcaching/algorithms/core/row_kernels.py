@@ -24,14 +24,16 @@ def _unlink(r, nxt_of, head, after, before):
 
 
 @numba.njit(cache=True, nogil=True)
-def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single):
+def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single, left, rest):
     """Advance row r past its chosen positions; file it under the expert it waits on next
-    with the gain that expert would bring (its run of chosen positions after it included).
+    with the gain that expert would bring (its run of chosen positions after it included) and
+    the value it has left (``rest`` per expert: a bound on any move through that expert).
     Returns the value the advance added."""
     k = spos.shape[1]
     old = nxt_of[r]
     if old >= 0:
         single[old] -= gain[r]
+        rest[old] -= left[r]
         _unlink(r, nxt_of, head, after, before)
     gain[r] = 0.0
     added = 0.0
@@ -40,6 +42,7 @@ def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, s
         added += coefs[r, j]
         j += 1
     lvl[r] = j
+    left[r] = 0.0
     if j >= k or spos[r, j] >= e:
         return added  # complete (or only non-candidates left): the row gains nothing more
     x = spos[r, j]
@@ -50,6 +53,11 @@ def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, s
         t += 1
     gain[r] = g
     single[x] += g
+    lr = 0.0
+    for t in range(j, k):
+        lr += coefs[r, t]
+    left[r] = lr
+    rest[x] += lr
     nxt_of[r] = x
     before[r] = -1
     after[r] = head[x]
@@ -72,6 +80,8 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
     before = np.full(r_n, -1, np.int64)
     gain = np.zeros(r_n)
     single = np.zeros(e + 1)
+    left = np.zeros(r_n)
+    rest = np.zeros(e + 1)
     # rows of each candidate expert (every position): CSR
     count = np.zeros(e + 2, np.int64)
     for r in range(r_n):
@@ -89,7 +99,7 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
                 csr[fill[x]] = r
                 fill[x] += 1
     for r in range(r_n):
-        _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single)
+        _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single, left, rest)
     trial = np.zeros(e + 1, np.bool_)
     missing = np.empty(k, np.int64)
     best_missing = np.empty(k, np.int64)
@@ -125,6 +135,11 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
             tried += 1
             if tried > completions:
                 break
+            bound = 0.0  # only rows waiting on the move's experts gain, at most what they have left
+            for t in range(nm):
+                bound += rest[missing[t]]
+            if bound / nm <= move_gain / move_size + 1e-18:
+                continue
             for t in range(nm):
                 trial[missing[t]] = True
             # only rows waiting on an expert of the move can gain from it
@@ -152,7 +167,8 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
         for t in range(move_size):
             x = best_missing[t]
             for c in range(count[x], count[x + 1]):
-                value += _relink(csr[c], spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single)
+                value += _relink(csr[c], spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single,
+                                 left, rest)
         size += move_size
         best[size] = value
         masks[size, :] = chosen[:e]
