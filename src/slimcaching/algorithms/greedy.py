@@ -29,7 +29,8 @@ J. Leskovec et al., "Cost-effective outbreak detection in networks", KDD 2007 (l
 M. L. Fisher, G. L. Nemhauser, L. A. Wolsey, "An analysis of approximations for maximizing
 submodular set functions II", Math. Prog. Study 8, 1978.
 
-Complexity: O(N * nnz) to initialise gains, then O(log(NI) + rows(i)) per lazy re-evaluation;
+Complexity: O(N * nnz) to initialise gains, then O(log(NI) + rows(i)) per lazy re-evaluation (O(log(NI) + H)
+for the blind objective, whose gains depend on the rows only through per-(home, item) weights);
 times (1 + number of seeds).
 """
 
@@ -59,6 +60,11 @@ class _Greedy:
         self.e_model = problem.item_model[self.e_item]
         k = np.array([m.top_k for m in problem.scenario.models], float)
         self.e_w = problem.row_weight[self.e_row] / (k[self.e_model] if blind else 1.0)
+        if blind:
+            # the blind gain of (n, i) depends on the rows of i only through their homes: aggregate
+            # their weights per (home, item) once, so a gain costs O(homes) instead of O(rows of i)
+            self.home_weight = np.bincount(self.e_home * ni + self.e_item, weights=self.e_w,
+                                           minlength=problem.n_homes * ni).reshape(problem.n_homes, ni)
 
     def _entry_gains(self, r: np.ndarray, sl: slice | np.ndarray, n: int) -> np.ndarray:
         p = self.p
@@ -74,14 +80,21 @@ class _Greedy:
         return self.e_w[sl] * (old - new)
 
     def all_gains(self, r: np.ndarray) -> np.ndarray:
-        ni = self.p.n_items
-        out = np.zeros((self.p.n_servers, ni))
-        for n in range(self.p.n_servers):
-            g = self._entry_gains(r, slice(None), n)
-            out[n] = np.bincount(self.e_item, weights=g, minlength=ni)
+        p, ni = self.p, self.p.n_items
+        out = np.zeros((p.n_servers, ni))
+        for n in range(p.n_servers):
+            if self.blind:
+                v = p.holder_cost[:, n, :][:, p.item_model]  # [H, I]
+                out[n] = (self.home_weight * np.maximum(r[:, :ni] - v, 0.0)).sum(axis=0)
+            else:
+                g = self._entry_gains(r, slice(None), n)
+                out[n] = np.bincount(self.e_item, weights=g, minlength=ni)
         return out
 
     def gain(self, r: np.ndarray, n: int, i: int) -> float:
+        if self.blind:
+            v = self.p.holder_cost[:, n, self.p.item_model[i]]
+            return float(self.home_weight[:, i] @ np.maximum(r[:, i] - v, 0.0))
         sl = slice(self.indptr[i], self.indptr[i + 1])
         return float(self._entry_gains(r, sl, n).sum())
 
@@ -92,24 +105,28 @@ class _Greedy:
         free = p.capacity - p.check_capacity(x)
         gains = self.all_gains(r)
         size = p.item_size
-        heap = [(-gains[n, i] / size[i], n, i) for n in range(p.n_servers) for i in range(p.n_items)
+        # version[n, i] counts the changes of r[:, i] (the only input of a blind gain of item i)
+        # since the entry was pushed: a current entry's ratio is exact and need not be recomputed
+        version = np.zeros(p.n_items, np.int64)
+        heap = [(-gains[n, i] / size[i], n, i, 0) for n in range(p.n_servers) for i in range(p.n_items)
                 if not x[n, i] and size[i] <= free[n] * (1 + 1e-12)]
         heapq.heapify(heap)
         while heap:
-            _, n, i = heapq.heappop(heap)
+            neg, n, i, seen = heapq.heappop(heap)
             if x[n, i] or size[i] > free[n] * (1 + 1e-12):
                 continue
-            g = self.gain(r, n, i)
+            g = -neg * size[i] if self.blind and seen == version[i] else self.gain(r, n, i)
             if g <= 0:
                 continue
             ratio = g / size[i]
             if heap and ratio < -heap[0][0] - 1e-15 * max(1.0, ratio):
-                heapq.heappush(heap, (-ratio, n, i))
+                heapq.heappush(heap, (-ratio, n, i, version[i]))
                 continue
             x[n, i] = True
             free[n] -= size[i]
             m = p.item_model[i]
             r[:, i] = np.minimum(r[:, i], p.holder_cost[:, n, m])
+            version[i] += 1
         return x
 
 
@@ -124,8 +141,8 @@ def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Pl
     def surrogate(x):
         if not blind:
             return problem.objective(x)
-        r = problem.remote_cost(x)
-        return float((g.e_w * r[g.e_home, g.e_item]).sum())  # the blind objective up to a constant
+        # the blind objective up to a constant
+        return float((g.home_weight * problem.remote_cost(x)[:, :problem.n_items]).sum())
 
     best_x = g.run(empty)
     best_v = surrogate(best_x)
