@@ -236,8 +236,9 @@ def test_maxplus_merge_matches_brute_force():
             best = max(sum(t[k] for t, k in zip(tabs, ks)) for ks in itertools.product(*[range(len(t)) for t in tabs])
                        if sum(ks) <= j)
             assert merged[j] == pytest.approx(best)
-            assert sum(a[j] for a in alloc) <= j
-            assert sum(t[a[j]] for t, a in zip(tabs, alloc)) == pytest.approx(merged[j])
+            counts = alloc.counts(j)
+            assert counts.sum() <= j
+            assert sum(t[k] for t, k in zip(tabs, counts)) == pytest.approx(merged[j])
 
 
 def test_knapsack_matches_brute_force():
@@ -391,3 +392,47 @@ def test_compiled_row_greedy_matches_the_numpy_row_greedy(monkeypatch):
                 assert np.isclose(rg.values(mask[None, :])[0], fast.values[k], rtol=1e-9, atol=1e-15)
             compared += 1
     assert compared >= 4
+
+
+def test_approximate_tables_are_charged_for_the_search_not_for_2_to_the_e():
+    """An approximate (row-greedy) table of a top-8 group with E' > 22 candidates costs what its
+    search visits (rows x K^2 and steps), never the 2^E' of a transform it does not run: else the
+    first sweep exhausts every work budget and the sweeps and the polish never run."""
+    import slimcaching.algorithms.core.decomposition as dec_mod
+    from slimcaching.algorithms.core.values import table_work, zeta_work
+
+    problem = _problem(seed=3, servers=2, users=10, experts=40, top_k=8, layers=1, models=1, capacity_experts=30)
+    rows = list(server_groups(problem, problem.empty_placement(), 0, exact_budget=0.0))
+    assert rows
+    for _, _, group in rows:
+        assert group.n_candidates > dec_mod.MAX_ZETA_CANDIDATES
+        table = value_table(group, group.n_candidates, 2e8)
+        assert not table.exact
+        assert table_work(group, group.n_candidates, table) < zeta_work(group) / 10
+    pl = solve(problem, "slimcaching")
+    assert pl.params["work"] < 1e11
+
+
+def test_the_summary_says_how_the_solve_stopped():
+    """params["stopped"]: the sweeps' end (converged / budget / time) and the polish's."""
+    problem = _problem(seed=1, servers=3, users=8, experts=6, top_k=2, layers=2)
+    pl = solve(problem, "slimcaching")
+    assert pl.params["stopped"].startswith("converged (a sweep changed no cache); polish (")
+    assert pl.params["polish"]["stopped"] in pl.params["stopped"]
+    one = solve(problem, "slimcaching", {"passes": 1, "polish": 0})
+    assert one.params["stopped"] == "1 sweeps run, the last still changed a cache" or \
+        one.params["stopped"].startswith("converged")
+    tight = solve(problem, "slimcaching-fast", {"budget": 1})
+    assert tight.params["stopped"] in ("work budget reached before convergence", "converged (a sweep changed no cache)")
+
+
+def test_a_time_limit_stops_after_the_first_sweep_with_a_valid_placement():
+    problem = _problem(seed=2, servers=4, users=12, experts=8, top_k=2, layers=3)
+    pl = solve(problem, "slimcaching", {"time_limit": 1e-9})
+    assert "time limit" in pl.params["stopped"]
+    assert pl.params["passes_run"] == 1
+    assert problem.feasible(pl.x)
+    free = solve(problem, "slimcaching")
+    assert problem.objective(free.x) <= problem.objective(pl.x) + 1e-15
+    with pytest.raises(ScenarioError, match="time_limit"):
+        solve(problem, "slimcaching", {"time_limit": -1})

@@ -90,62 +90,75 @@ def knapsack_by_size_class(tables: list[np.ndarray], units: np.ndarray,
     value, js = knapsack(merged, np.array(class_units), cap_units)
     for ci, members in enumerate(classes.values()):
         j = js[ci]
-        for t, g in enumerate(members):
-            ks[g] = int(allocs[ci][t][j]) if j < len(allocs[ci][t]) else 0
-    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t) ** 2 for t in tables))
+        if j < len(merged[ci]):
+            for t, k in zip(members, allocs[ci].counts(j)):
+                ks[t] = int(k)
+    cells = float(sum(len(w) for w in merged) * (cap_units + 1) + sum(len(t) ** 2 for t in tables)
+                  + MERGE_OVERHEAD * len(tables))
     return value, ks, cells
 
 
-def maxplus_merge(tables: list[np.ndarray], limit: int) -> tuple[np.ndarray, list[np.ndarray]]:
+# fixed cost of one table in a merge, in DP cells (about one per nanosecond on the reference
+# machine: ~20 us of array set-up per table), so that many small groups are not counted as free
+MERGE_OVERHEAD = 2e4
+
+
+class MergedAllocation:
+    """Which count of each input table a merged count j uses, kept as back-pointers (the top-j
+    increments of the concave tables and one argmax array per other table) and read only for the
+    j a knapsack picks: O(tables) per read instead of a [tables, J] array per merge step."""
+
+    def __init__(self, n_tables: int, owner: np.ndarray, others: list[tuple[int, np.ndarray]], use: np.ndarray):
+        self.n_tables, self.owner, self.others, self.use = n_tables, owner, others, use
+
+    def counts(self, j: int) -> np.ndarray:
+        """Count per input table at merged count ``j`` (their sum is at most j)."""
+        out = np.zeros(self.n_tables, np.int64)
+        j = int(self.use[j])
+        for i, arg in reversed(self.others):
+            k = int(arg[j])
+            out[i] = k
+            j -= k
+        out += np.bincount(self.owner[:j], minlength=self.n_tables)
+        return out
+
+
+def maxplus_merge(tables: list[np.ndarray], limit: int) -> tuple[np.ndarray, MergedAllocation]:
     """Max-plus convolution of non-decreasing tables, up to ``limit`` experts in total.
 
     Concave tables are merged in linear time (sorting their increments: exact for concave
-    tables); each non-concave table is then convolved exactly in O(n m). Returns the merged
-    table W[0..] and, per merged count j, the count per input table (as an [n_tables, J] array
-    row per table)."""
+    tables); each non-concave table is then convolved exactly in O(n m) (one vectorised window
+    per table). Returns the merged table W[0..] and a :class:`MergedAllocation` that tells, per
+    merged count j, the count per input table."""
     concave = [i for i, t in enumerate(tables) if _is_concave(t)]
-    other = [i for i in range(len(tables)) if i not in set(concave)]
+    is_concave = set(concave)
+    other = [i for i in range(len(tables)) if i not in is_concave]
     # concave part: top-j increments
-    incs, owner = [], []
-    for i in concave:
-        d = np.diff(tables[i])
-        incs.append(d)
-        owner.append(np.full(len(d), i))
-    if incs:
-        inc = np.concatenate(incs)
-        own = np.concatenate(owner)
+    if concave:
+        inc = np.concatenate([np.diff(tables[i]) for i in concave])
+        own = np.concatenate([np.full(len(tables[i]) - 1, i, np.int64) for i in concave])
         order = np.argsort(-inc, kind="stable")[:limit]
         merged = np.concatenate([[0.0], np.cumsum(inc[order])])
-        alloc = np.zeros((len(tables), len(merged)), np.int32)
-        for i in concave:
-            alloc[i, 1:] = np.cumsum(own[order] == i)
+        owner = own[order]
     else:
-        merged = np.zeros(1)
-        alloc = np.zeros((len(tables), 1), np.int32)
+        merged, owner = np.zeros(1), np.zeros(0, np.int64)
+    others = []
     for i in other:
-        t = tables[i]
+        t = np.asarray(tables[i], float)
         n, m = len(merged), len(t)
         size = min(n + m - 1, limit + 1)
-        out = np.full(size, -np.inf)
-        arg = np.zeros(size, np.int32)
-        for k in range(m):
-            hi = min(n, size - k)
-            if hi <= 0:
-                break
-            cand = merged[:hi] + t[k]
-            seg = out[k:k + hi]
-            better = cand > seg
-            out[k:k + hi] = np.where(better, cand, seg)
-            arg[k:k + hi] = np.where(better, k, arg[k:k + hi])
-        new_alloc = alloc[:, np.arange(size) - arg]
-        new_alloc[i] = arg
-        merged, alloc = out, new_alloc
-    # non-decreasing (fewer experts may be used than counted)
-    for j in range(1, len(merged)):
-        if merged[j] < merged[j - 1]:
-            merged[j] = merged[j - 1]
-            alloc[:, j] = alloc[:, j - 1]
-    return merged, [alloc[i] for i in range(len(tables))]
+        # out[j] = max_k merged[j - k] + t[k]: windows of merged padded with -inf, read backwards;
+        # argmax takes the smallest k among equals
+        padded = np.concatenate([np.full(m - 1, -np.inf), merged, np.full(m - 1, -np.inf)])
+        cand = np.lib.stride_tricks.sliding_window_view(padded, m)[:size, ::-1] + t
+        arg = np.argmax(cand, axis=1)
+        merged = cand[np.arange(size), arg]
+        others.append((i, arg))
+    # non-decreasing (fewer experts may be used than counted): W[j] = max_{j' <= j} W[j'], reached at
+    # the last j' that attains it
+    running = np.maximum.accumulate(merged)
+    use = np.maximum.accumulate(np.where(merged >= running, np.arange(len(merged)), 0))
+    return running, MergedAllocation(len(tables), owner, others, use)
 
 
 def _is_concave(t: np.ndarray) -> bool:
