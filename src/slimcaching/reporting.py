@@ -40,7 +40,8 @@ def solve_summary(name: str, placement: Placement, latency: float, time_limit: f
     an ``exact`` run with nothing to write raises :class:`ScenarioError`)."""
     summary = f"{name}: mean token latency {latency * 1e3:.3f} ms"
     if name != "exact":
-        return summary
+        stopped = placement.params.get("stopped")
+        return summary + (f" ({stopped})" if stopped else "")
     st = exact_status(placement)
     btxt = st.bound_text()
     reached = f"time limit of {time_limit:g} s reached" if st.status == "time_limit" else f"status {st.status}"

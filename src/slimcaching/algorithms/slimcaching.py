@@ -35,6 +35,7 @@ its work budget.
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 
@@ -94,17 +95,24 @@ def solve_server(problem: Problem, x: np.ndarray, n: int, fast: bool, exact_budg
 
 
 def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float, beam_width: int,
-            max_units: int, passes: int, work_budget: float = float("inf")) -> int:
+            max_units: int, passes: int, work_budget: float = float("inf"), deadline: float = float("inf"),
+            why: dict | None = None) -> int:
     """Best responses in ``seq`` order until a sweep changes no cache (at most ``passes`` sweeps,
     and no sweep is started once the work so far plus the last sweep's would exceed
-    ``work_budget``; the first sweep always runs).
+    ``work_budget`` or past ``deadline`` (``time.perf_counter()``); the first sweep always runs).
 
     A server's new cache replaces its current one only if its reduction (on the same tables) is
     strictly larger, so the objective never increases and ties cannot cycle. Returns the number
-    of sweeps run, negative if the last one still changed a cache."""
+    of sweeps run, negative if the last one still changed a cache; ``why["sweeps"]`` says why
+    they stopped."""
+    why = {} if why is None else why
     start = last = dec.stats["work"]
     for p in range(1, max(1, passes) + 1):
         if p > 1 and (dec.stats["work"] - start) + (dec.stats["work"] - last) > work_budget:
+            why["sweeps"] = "work budget reached before convergence"
+            return -(p - 1)
+        if p > 1 and time.perf_counter() > deadline:
+            why["sweeps"] = "time limit reached before convergence"
             return -(p - 1)
         last = dec.stats["work"]
         changed = False
@@ -116,7 +124,9 @@ def _sweeps(dec: Decomposition, seq: list[int], fast: bool, exact_budget: float,
                 dec.set_cache(n, new, counts)
                 changed = True
         if not changed:
+            why["sweeps"] = "converged (a sweep changed no cache)"
             return p
+    why["sweeps"] = f"{passes} sweeps run, the last still changed a cache"
     return -passes
 
 
@@ -200,8 +210,16 @@ def _kicks(problem: Problem, dec: Decomposition, seq: list[int]):
                 yield "force", spread
 
 
+# the polish stops once a window of an eighth of its budget gained less than this relative
+# decrease of the objective per 1e9 work units (about a second of the reference machine)
+MIN_GAIN_PER_WORK = 1e-3
+POLISH_WINDOWS = 8
+MIN_WINDOW = 1e8
+
+
 def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float, sweep_work: float, fast: bool,
-            exact_budget: float, beam_width: int, max_units: int, objective=None, accept_kicked: bool = False) -> dict:
+            exact_budget: float, beam_width: int, max_units: int, objective=None, accept_kicked: bool = False,
+            deadline: float = float("inf"), min_gain: float = MIN_GAIN_PER_WORK) -> dict:
     """Large-neighbourhood local search on the true objective (beyond the paper).
 
     A *kick* forbids some experts at one server (its whole cache, a model, a (model, layer), one
@@ -213,17 +231,22 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
     co-activation sets split across servers, which single-server best responses cannot.
     Stops when no kick improves, or once its work (table and DP cells, ``dec.stats["work"]``)
     would exceed ``budget`` (a kick is estimated at ``sweep_work``, the work of one sweep, until
-    kicks have been measured): deterministic, unlike a time limit. ``objective(x)``: what is
+    kicks have been measured), or once a window of ``budget / POLISH_WINDOWS`` work (four kicks and
+    ``MIN_WINDOW`` at least) lowered the
+    objective by less than ``min_gain`` (relative) per 1e9 work units: both deterministic, unlike
+    the optional ``deadline`` (``time.perf_counter()``). ``objective(x)``: what is
     minimised (default: the latency; with move costs, the latency plus them). ``accept_kicked``:
     the placement reached with the kick in place is a candidate too (re-planning: with move
     costs, lifting a kick often undoes the coordinated moves it made)."""
     objective = objective or problem.objective
-    best = objective(dec.x)
+    best = first = objective(dec.x)
     kicks = improvements = 0
     start = dec.stats["work"]
     per_kick = sweep_work  # estimate of a kick's work until kicks have been measured
-    exhausted = False
-    while not exhausted:
+    window = budget / POLISH_WINDOWS
+    mark_work, mark_best = 0.0, best  # the current window's start
+    stopped = None
+    while stopped is None:
         improved = False
         kicks_now = itertools.chain(_replan_kicks(problem, dec), _kicks(problem, dec, seq)) if accept_kicked \
             else _kicks(problem, dec, seq)
@@ -232,7 +255,18 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
             if kicks:
                 per_kick = used / kicks
             if used + per_kick > budget:  # do not start a kick the budget cannot pay for
-                exhausted = True
+                stopped = "work budget reached"
+                break
+            # a window holds a few kicks and 1e8 work at least: small searches, whose gains often
+            # come from the last kicks of the neighbourhood (spread sets), finish their scan
+            if used - mark_work >= max(window, 4 * per_kick, MIN_WINDOW):
+                if (mark_best - best) / mark_best < min_gain * (used - mark_work) / 1e9:
+                    stopped = (f"gain per work fell below {min_gain:g} per 1e9 work units "
+                               f"({(mark_best - best) / mark_best:.2e} in the last {used - mark_work:.3g})")
+                    break
+                mark_work, mark_best = used, best
+            if time.perf_counter() > deadline:
+                stopped = "time limit reached"
                 break
             kicks += 1
             snap = dec.snapshot()
@@ -271,10 +305,10 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
                 improvements += 1
                 break
             dec.restore(snap)
-        if not improved:
-            break
-    return {"kicks": kicks, "improvements": improvements,
-            "stopped": "work budget reached" if exhausted else "no improving kick (local optimum of the neighbourhood)"}
+        if not improved and stopped is None:
+            stopped = "no improving kick (local optimum of the neighbourhood)"
+    return {"kicks": kicks, "improvements": improvements, "stopped": stopped,
+            "gain": (first - best) / first if first > 0 else 0.0}
 
 
 BASELINE_STARTS = {"greedy": greedy_blind, "lfu": lfu}
@@ -283,7 +317,8 @@ BASELINE_STARTS = {"greedy": greedy_blind, "lfu": lfu}
 def successive_decomposition(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
                              max_units: int, polish: float = 0.0, work_budget: float = float("inf"),
                              starts: str = "", initial: np.ndarray | None = None,
-                             move_cost: np.ndarray | None = None, extra_starts: dict | None = None) -> Placement:
+                             move_cost: np.ndarray | None = None, extra_starts: dict | None = None,
+                             time_limit: float = 0.0) -> Placement:
     """Sweeps over the servers until one changes no cache (at most ``passes``), then the polish.
 
     With exact tables and an exact capacity grid each step is a best response, and a sweep
@@ -294,7 +329,12 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
 
     Re-planning (:mod:`slimcaching.algorithms.replan`): ``initial`` is the first start instead of
     the empty placement, ``move_cost`` [N, I] (seconds per token) an additive cost of holding each
-    item, minimised together with the latency, and ``extra_starts`` more named start placements."""
+    item, minimised together with the latency, and ``extra_starts`` more named start placements.
+
+    ``time_limit`` (seconds, 0: none): no sweep, start or kick is begun after it (the first sweep
+    always runs); unlike the work budgets it makes the result depend on the machine.
+    ``params["stopped"]`` says what ended the solve."""
+    deadline = time.perf_counter() + time_limit if time_limit > 0 else float("inf")
     seq = server_order(problem, order)
     names = [s.strip() for s in starts.split(",") if s.strip()]
     for name in names:
@@ -310,27 +350,39 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
         return d
 
     dec = decomposition(initial)
-    sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget)
+    why: dict = {}
+    sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget, deadline, why)
     start_used = None
     alternatives = [(name, lambda name=name: BASELINE_STARTS[name](problem).x) for name in names]
     alternatives += [(name, lambda x0=x0: x0) for name, x0 in (extra_starts or {}).items()]
+    skipped = []
     for name, make in alternatives:
+        if time.perf_counter() > deadline:
+            skipped.append(name)
+            continue
         x0 = make()
         if objective(x0) < objective(dec.x) - 1e-15:
             alt = decomposition(x0)
             alt.stats["work"] += dec.stats["work"]
-            alt_sweeps = _sweeps(alt, seq, fast, exact_budget, beam_width, max_units, passes, work_budget)
+            alt_why: dict = {}
+            alt_sweeps = _sweeps(alt, seq, fast, exact_budget, beam_width, max_units, passes, work_budget, deadline,
+                                 alt_why)
             if objective(alt.x) < objective(dec.x):
-                dec, sweeps, start_used = alt, alt_sweeps, name
+                dec, sweeps, start_used, why = alt, alt_sweeps, name, alt_why
     polish = min(polish, max(0.0, work_budget - dec.stats["work"]))
     params = {"order": [problem.server_names[s] for s in seq], "passes_run": abs(sweeps),
               "converged": sweeps > 0, "start": start_used or ("empty" if initial is None else "initial")}
     history = [objective(dec.x)]
-    if polish > 0:
+    stopped = why["sweeps"] + (f"; starts skipped at the time limit: {', '.join(skipped)}" if skipped else "")
+    if polish > 0 and time.perf_counter() <= deadline:
         sweep_work = dec.stats["work"] / max(1, abs(sweeps))
         params["polish"] = _polish(problem, dec, seq, polish, sweep_work, fast, exact_budget, beam_width, max_units,
-                                   objective, accept_kicked=move_cost is not None)
+                                   objective, accept_kicked=move_cost is not None, deadline=deadline)
         history.append(objective(dec.x))
+        stopped += f"; polish ({params['polish']['kicks']} kicks): {params['polish']['stopped']}"
+    elif polish > 0:
+        stopped += "; polish skipped at the time limit"
+    params["stopped"] = stopped
     stats = dec.stats
     all_exact = stats["exact_groups"] == stats["groups"]
     params.update({
@@ -351,15 +403,15 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
 DECOMPOSITION_PARAMS = {
     "order": Param(str), "passes": Param(int, 1, 1000), "exact_budget": Param(float, 0, 1e12, lo_inclusive=False),
     "beam_width": Param(int, 1, 10_000), "max_units": Param(int, 1, 10_000_000), "polish": Param(float, 0, 1e15),
-    "budget": Param(float, 0, 1e15), "starts": Param(str),
+    "budget": Param(float, 0, 1e15), "starts": Param(str), "time_limit": Param(float, 0, 1e9),
 }
 
 
 @register("slimcaching", "successive greedy decomposition, per-server DP over (model, layer) groups",
           params=DECOMPOSITION_PARAMS, rank=0)
 def slimcaching(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e8,
-                beam_width: int = 16, max_units: int = 60000, polish: float = 5e7, budget: float = 1e10,
-                starts: str = "greedy,lfu") -> Placement:
+                beam_width: int = 16, max_units: int = 60000, polish: float = 1e9, budget: float = 1e10,
+                starts: str = "greedy,lfu", time_limit: float = 0.0) -> Placement:
     """The paper's main algorithm (see module docstring), then a local search.
 
     Parameters
@@ -372,31 +424,37 @@ def slimcaching(problem: Problem, order: str = "rate", passes: int = 50, exact_b
         which a group table is computed exactly; E' is at most 22 in any case.
     beam_width : beam width of the approximation used above that budget.
     max_units : capacity grid size when the exact gcd grid would be larger.
-    polish : work budget (table and DP cells) of the large-neighbourhood local search run after
-        the sweeps (beyond the paper; 0: none, which with ``passes=1`` is the paper's procedure).
-        The default finishes the search on small instances and does not start a kick it cannot
-        pay for on large ones; raise it to search longer.
+    polish : work budget of the large-neighbourhood local search run after the sweeps (beyond the
+        paper; 0: none, which with ``passes=1`` is the paper's procedure). Work is counted in units
+        of about a nanosecond of this project's reference machine (table entries, DP cells and a
+        fixed cost per table), so the default 1e9 is about a second; the search also stops once a
+        window of an eighth of it gains less than 0.1% per 1e9 units, and when no kick improves.
     budget : work budget of the sweeps (and the polish): no sweep is started that would exceed
         it (the first always runs). The default lets the default scenario (2.7e8 cells) and 50
         servers x 5,000 users (7 sweeps, 6.6e9 cells, ~10 s) converge and stops 200 x 20,000 after
         one sweep (5.5e9 cells); ``params.converged`` says whether the last sweep changed nothing.
     starts : baselines whose placements also start the sweeps when they are better than the result
         ("greedy,lfu"; "" for none): the result is never worse than any of them. Costs one run of
-        each baseline (greedy: ~0.9 s on the default scenario).
+        each baseline (greedy: ~0.1 s on the default scenario, ~5 s at 50 servers x 5,000 users).
+    time_limit : wall-clock seconds (0: none) after which no sweep, start or kick is begun; the
+        result then depends on the machine, which the work budgets never make it.
     """
     return successive_decomposition(problem, False, order, passes, exact_budget, beam_width, max_units, polish, budget,
-                                    starts)
+                                    starts, time_limit=time_limit)
 
 
 @register("slimcaching-fast", "accelerated: one sweep where large, to a local optimum and polished where small",
           params=DECOMPOSITION_PARAMS, rank=1)
 def slimcaching_fast(problem: Problem, order: str = "rate", passes: int = 50, exact_budget: float = 2e8,
-                     max_units: int = 60000, budget: float = 5e7, starts: str = "lfu") -> Placement:
+                     max_units: int = 60000, budget: float = 5e7, starts: str = "lfu",
+                     time_limit: float = 0.0) -> Placement:
     """The paper's accelerated algorithm (see module docstring) under a work budget.
 
     The first sweep (the paper's procedure) always runs; further sweeps and then the polish of
     ``slimcaching`` run only while their work (table and DP cells) stays within ``budget``. Small
     instances therefore get a polished local optimum, large ones the paper's single sweep, in a
     running time that does not depend on how many sweeps convergence would take. ``starts`` as in
-    ``slimcaching``; only ``lfu`` by default (greedy's run would cost more than the whole -fast solve)."""
-    return successive_decomposition(problem, True, order, passes, exact_budget, 1, max_units, budget, budget, starts)
+    ``slimcaching``; only ``lfu`` by default (greedy's run would cost more than the whole -fast solve).
+    ``time_limit`` as in ``slimcaching``."""
+    return successive_decomposition(problem, True, order, passes, exact_budget, 1, max_units, budget, budget, starts,
+                                    time_limit=time_limit)

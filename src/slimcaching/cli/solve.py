@@ -41,7 +41,10 @@ def solve_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
     time_limit: Annotated[float | None, typer.Option(
-        "--time-limit", help="Seconds for HiGHS (exact); its warm start, a slimcaching solve, comes on top.")] = None,
+        "--time-limit", help="Wall-clock cap in seconds: for exact, HiGHS's (its warm start, a slimcaching solve, "
+                             "comes on top); for slimcaching and slimcaching-fast, no sweep, start or polish step "
+                             "begins after it (the first sweep always runs). Without it they stop on work budgets, "
+                             "the same on every machine.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="random_state of seeded algorithms.")] = None,
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
@@ -59,7 +62,8 @@ def solve_cmd(
         if not (time_limit > 0 and time_limit < float("inf")):
             raise ScenarioError("--time-limit", "must be a positive number of seconds", time_limit)
         if "time_limit" not in spec.defaults:
-            raise ScenarioError("--time-limit", f"{spec.name} has no time limit (only exact)", time_limit)
+            raise ScenarioError("--time-limit", f"{spec.name} has no time limit (exact, slimcaching and "
+                                "slimcaching-fast have)", time_limit)
         params["time_limit"] = time_limit
     if seed is not None:
         if "random_state" not in spec.defaults:

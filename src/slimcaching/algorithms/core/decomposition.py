@@ -23,7 +23,7 @@ import numpy as np
 from slimcaching.algorithms.core import kernels
 from slimcaching.algorithms.core.groups import PrefixGroup, build_group, build_row_group, pattern_bits, prefix_form
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
-from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, value_table, zeta_work
+from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
 from slimcaching.problem import Problem
 
 COMPILED_MIN_ROW_VISITS = 2_000_000  # rows x servers from which the numba kernels are used
@@ -267,11 +267,12 @@ class Decomposition:
                     m = int(self.g_model[g])
                     size = p.item_size[self.g_lo[g]]
                     kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
+                    completions = 8 if fast else 32
                     table = value_table(gp, kmax, exact_budget, beam_width=beam_width,
-                                        completions=8 if fast else 32, kernels=self.kernels)
+                                        completions=completions, kernels=self.kernels)
+                    self.stats["work"] += table_work(gp, kmax, table, beam_width, completions)
                     if self.move_cost is not None and not isinstance(gp, PrefixGroup):
                         table = charged_table(table, self.move_cost[n])
-                    self.stats["work"] += zeta_work(gp)
                     method = "exact" if table.exact else table.method
                     self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
                     self.stats["groups"] += 1

@@ -164,6 +164,35 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
 
 
 MAX_ZETA_CANDIDATES = 22  # 2^22 subsets: 32 MB of float64 per table being built
+# fixed cost of building one group table (its rows gathered, its form built), in the work units of
+# :func:`zeta_work` (about one per nanosecond on the reference machine: ~50 us)
+TABLE_OVERHEAD = 5e4
+
+
+def table_work(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, table: ValueTable,
+               beam_width: int = 16, completions: int = 32) -> float:
+    """Work of the table :func:`value_table` built (the same units as :func:`zeta_work`): the
+    transform's for exact tables, the search's for the approximations (not 2^E', which they
+    never touch), plus the fixed cost of any table."""
+    e = group.n_candidates
+    kmax = min(kmax, e)
+    if table.exact:
+        return TABLE_OVERHEAD + (zeta_work(group) if e and kmax else 0.0)
+    if isinstance(group, PrefixGroup):
+        rows, k = group.masks.shape
+    elif isinstance(group, RowGroup):
+        rows, k = group.pos.shape
+    else:
+        rows, k = group.keys.shape
+    # the factors make the estimates about nanoseconds (fitted on top-4 and top-8 presets at 5 x 50:
+    # a row-greedy table costs ~30 ns per row and K(K+1), a pattern greedy ~0.35 ns per cell, a
+    # beam ~1 ns)
+    if table.method.startswith("row-greedy"):
+        completions = min(completions, 8)
+        return TABLE_OVERHEAD + 30.0 * (rows * k * (k + 1) + kmax * (e + completions) * k)
+    if table.method.startswith("beam"):
+        return TABLE_OVERHEAD + float(kmax) * beam_width * (e + completions) * rows * k
+    return TABLE_OVERHEAD + 0.35 * kmax * (e + completions) * rows * k
 
 
 def zeta_work(group: GroupProblem | RowGroup | PrefixGroup) -> float:
