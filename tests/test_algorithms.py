@@ -417,13 +417,11 @@ def test_the_summary_says_how_the_solve_stopped():
     """params["stopped"]: the sweeps' end (converged / budget / time) and the polish's."""
     problem = _problem(seed=1, servers=3, users=8, experts=6, top_k=2, layers=2)
     pl = solve(problem, "slimcaching")
-    assert pl.params["stopped"].startswith("converged (a sweep changed no cache); polish (")
-    assert pl.params["polish"]["stopped"] in pl.params["stopped"]
+    assert pl.params["stopped"] == f"converged; polish: {pl.params['polish']['stopped']}"
     one = solve(problem, "slimcaching", {"passes": 1, "polish": 0})
-    assert one.params["stopped"] == "1 sweeps run, the last still changed a cache" or \
-        one.params["stopped"].startswith("converged")
+    assert one.params["stopped"] in ("not converged in 1 sweeps", "converged")
     tight = solve(problem, "slimcaching-fast", {"budget": 1})
-    assert tight.params["stopped"] in ("work budget reached before convergence", "converged (a sweep changed no cache)")
+    assert tight.params["stopped"] in ("not converged: work budget reached", "converged")
 
 
 def test_a_time_limit_stops_after_the_first_sweep_with_a_valid_placement():

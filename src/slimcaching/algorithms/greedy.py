@@ -105,8 +105,8 @@ class _Greedy:
         free = p.capacity - p.check_capacity(x)
         gains = self.all_gains(r)
         size = p.item_size
-        # version[n, i] counts the changes of r[:, i] (the only input of a blind gain of item i)
-        # since the entry was pushed: a current entry's ratio is exact and need not be recomputed
+        # version[i] counts the changes of r[:, i], the only input of a blind gain of item i: an
+        # entry pushed at the current version has an exact ratio and need not be recomputed
         version = np.zeros(p.n_items, np.int64)
         heap = [(-gains[n, i] / size[i], n, i, 0) for n in range(p.n_servers) for i in range(p.n_items)
                 if not x[n, i] and size[i] <= free[n] * (1 + 1e-12)]

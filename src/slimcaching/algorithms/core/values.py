@@ -178,12 +178,7 @@ def table_work(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, table: V
     kmax = min(kmax, e)
     if table.exact:
         return TABLE_OVERHEAD + (zeta_work(group) if e and kmax else 0.0)
-    if isinstance(group, PrefixGroup):
-        rows, k = group.masks.shape
-    elif isinstance(group, RowGroup):
-        rows, k = group.pos.shape
-    else:
-        rows, k = group.keys.shape
+    rows, k = _rows_and_width(group)
     # the factors make the estimates about nanoseconds (fitted on top-4 and top-8 presets at 5 x 50:
     # a row-greedy table costs ~30 ns per row and K(K+1), a pattern greedy ~0.35 ns per cell, a
     # beam ~1 ns)
@@ -199,11 +194,17 @@ def zeta_work(group: GroupProblem | RowGroup | PrefixGroup) -> float:
     """Elementary operations of :func:`subset_values`: the transform over 2^E' subsets plus the
     Moebius coefficients (2^K K per pattern table; K per row in prefix form)."""
     e = group.n_candidates
+    rows, k = _rows_and_width(group)
     if isinstance(group, GroupProblem):
-        k = group.keys.shape[1]
-        return (2.0**e) * (e + 1) + len(group.keys) * (2.0**k) * (k + 1)
-    rows, k = group.masks.shape if isinstance(group, PrefixGroup) else group.pos.shape
+        return (2.0**e) * (e + 1) + rows * (2.0**k) * (k + 1)
     return (2.0**e) * (e + 1) + rows * (k + 1)
+
+
+def _rows_and_width(group: GroupProblem | RowGroup | PrefixGroup) -> tuple[int, int]:
+    """(patterns or rows, their width K) of any group form."""
+    if isinstance(group, GroupProblem):
+        return group.keys.shape
+    return group.masks.shape if isinstance(group, PrefixGroup) else group.pos.shape
 
 
 def _moebius_coefficients(keys: np.ndarray, gains: np.ndarray, e: int) -> np.ndarray:
