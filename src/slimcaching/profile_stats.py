@@ -52,6 +52,22 @@ def layer_stats(profile: Profile, experts: int | None = None, top_pairs: int = 5
     return out
 
 
+def provenance(profile: Profile) -> dict:
+    """What the profile's numbers rest on: ``measured`` quantities and ``assumed`` ones, and its
+    ``coactivation`` label (measured, independent or synthetic)."""
+    meta = profile.meta
+    if "synthetic" in meta:
+        return {"coactivation": "synthetic", "measured": [],
+                "assumed": ["routing drawn from the built-in router simulator"]}
+    if meta.get("coactivation") == "independent":
+        ind = meta.get("independent", {})
+        return {"coactivation": "independent", "measured": ["each expert's load per layer"],
+                "assumed": ["experts of a token independent given their loads (sets drawn: "
+                            f"{ind.get('tokens', '?')} tokens per layer, seed {ind.get('seed', '?')})"]}
+    return {"coactivation": "measured", "measured": ["co-activation sets per layer and their frequencies"],
+            "assumed": []}
+
+
 def summary_stats(profile: Profile, experts: int | None = None) -> dict:
     """Averages of :func:`layer_stats` over the layers."""
     st = layer_stats(profile, experts, top_pairs=1)

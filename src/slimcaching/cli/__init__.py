@@ -6,7 +6,7 @@ atomically, so a failed command leaves nothing half-written.
 
 Groups: :mod:`.scenario` (validate, export, scenario new), :mod:`.solve` (solve, demo),
 :mod:`.evaluate` (evaluate, simulate), :mod:`.experiment` (experiment, report), :mod:`.profile`
-(profile, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
+(profile, profile import, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
 :mod:`.runtime` (cluster run, node, generate), :mod:`.calibrate`, :mod:`.keys` (keys, cluster status,
 cluster stop), :mod:`.serve` (serve), :mod:`.replan` (replan).
 """
@@ -94,10 +94,19 @@ def usage_line(exc) -> str:
     return f"usage: {exc.format_message()}"
 
 
+def _aliases(argv: list[str]) -> list[str]:
+    """``profile import ...`` is ``profile-import ...`` (``profile MODEL`` keeps its argument)."""
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if first is not None and argv[first:first + 2] == ["profile", "import"]:
+        return argv[:first] + ["profile-import"] + argv[first + 2:]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
     (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
     cmd = get_command(app)
+    argv = _aliases(list(sys.argv[1:] if argv is None else argv))
     try:
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value

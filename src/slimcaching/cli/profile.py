@@ -14,9 +14,10 @@ from slimcaching.cli.common import console, flags, out, show_progress, table
 from slimcaching.errors import ScenarioError, printable
 from slimcaching.fileio import atomic_write, check_target
 from slimcaching.hf import RoutingTrace, profile_model, read_prompts
-from slimcaching.profile_stats import compare, fit_synthetic, layer_stats, summary_stats
+from slimcaching.profile_stats import compare, fit_synthetic, layer_stats, provenance, summary_stats
 from slimcaching.profile_stats import heatmap as draw
 from slimcaching.profiles import Profile, profile_from_trace
+from slimcaching.routing_import import FORMATS, INDEPENDENT_TOKENS, read_routing, to_profile
 from slimcaching.simulate import load_trace_array
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
@@ -95,6 +96,58 @@ def profile_from_trace_cmd(
     console.print(f"wrote {output}: {len(prof.layers)} layers, K={prof.layers[0].sets.shape[1]}")
 
 
+@app.command("profile-import")
+def profile_import_cmd(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=f"One of {', '.join(FORMATS)}.")],
+    files: Annotated[list[Path], typer.Argument(metavar="FILE...", help="The engine's record files (several "
+                                                "ranks' dumps or JSONL files add up).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
+    model: Annotated[str | None, typer.Option("--model", help="Model name in the profile (default: the first "
+                                              "file's stem).")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Routing trace (.trace.npz) of per-token records; "
+                                               "default: next to the profile.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=1, help="Experts per token (counts-only formats and "
+                                              "sglang-routed).")] = None,
+    experts: Annotated[int | None, typer.Option("--experts", min=1, help="Experts per layer of the model "
+                                                "(default: the highest id seen + 1).")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", min=1, help="sglang-routed: layers per token in the "
+                                               "record (default: from meta_info's token counts).")] = None,
+    physical_map: Annotated[Path | None, typer.Option("--physical-map", help="counts: .npy (layers, physical "
+                                                      "experts) of logical ids, to fold replicas back.")] = None,
+    phases: Annotated[str, typer.Option("--phases", help="Tokens in the profile: all, prefill or decode.")] = "all",
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Counts-only: tokens drawn per layer under the "
+                                        "independence assumption.")] = INDEPENDENT_TOKENS,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Counts-only: seed of those draws.")] = 0,
+) -> None:
+    """Import routing recorded by SGLang or vLLM (or plain counts / token files) as a profile."""
+    if output.suffix not in (".json", ".npz"):
+        raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
+    sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
+    if sel is None:
+        raise ScenarioError("--phases", "expected all, prefill or decode", phases)
+    name = printable(model if model is not None else files[0].stem.split(".")[0], "--model")
+    check_target(output, "--output")
+    imp = read_routing(fmt, files, top_k=top_k, experts=experts, layers=layers, physical_map=physical_map)
+    if not imp.per_token and (trace is not None or phases != "all"):
+        raise ScenarioError("--trace" if trace is not None else "--phases",
+                            f"{fmt} holds counts, not tokens: no trace and no phases")
+    if imp.per_token:
+        trace_path = trace or output.with_name(output.stem + ".trace.npz")
+        check_target(trace_path, "--trace")
+    prof = to_profile(imp, name, sel, tokens=tokens, seed=seed)
+    prof.meta["phases"] = phases
+    prof.check("profile")
+    wrote = [str(output)]
+    if imp.per_token:
+        imp.trace().save(trace_path)
+        wrote.append(str(trace_path))
+    prof.save(output)
+    how = ("co-activation measured" if imp.per_token else
+           f"counts only: sets drawn assuming independent experts ({tokens} tokens per layer)")
+    console.print(f"{fmt}: {len(prof.layers)} MoE layers, E={imp.num_experts}, K={imp.top_k}; {how}; "
+                  f"wrote {' and '.join(wrote)}")
+
+
 @app.command("profile-stats")
 def profile_stats_cmd(
     profile_file: Annotated[Path, typer.Argument(help="Profile (.json/.npz).")],
@@ -104,7 +157,7 @@ def profile_stats_cmd(
 ) -> None:
     """Skew, co-activation and differences of activation profiles."""
     prof = Profile.load(profile_file, "profile")
-    result = {"summary": summary_stats(prof), "layers": layer_stats(prof)}
+    result = {"summary": summary_stats(prof), "provenance": provenance(prof), "layers": layer_stats(prof)}
     if other is not None:
         result["compare"] = compare(prof, Profile.load(other, "--compare"))
     if heatmap is not None:
@@ -116,6 +169,9 @@ def profile_stats_cmd(
     out.print(f"{prof.model}: {s['layers']} layers; normalised entropy {s['entropy_norm']:.3f}, top-10% experts "
               f"carry {s['top10pct_share']:.1%}, most frequent set {s['top_set_prob']:.1%}, "
               f"{s['distinct_sets']:.0f} distinct sets per layer")
+    pv = result["provenance"]
+    out.print(f"co-activation: {pv['coactivation']}; measured: {'; '.join(pv['measured']) or 'nothing'}; "
+              f"assumed: {'; '.join(pv['assumed']) or 'nothing'}")
     t = table("layer", "sets", "entropy", "top-10%", "top pair (lift)")
     for st in result["layers"]:
         pair = st["top_pairs"][0] if st["top_pairs"] else None
