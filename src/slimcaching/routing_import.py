@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
-from slimcaching.fileio import input_file, npy_header, read_input_bytes, read_text
+from slimcaching.fileio import atomic_write, input_file, npy_header, read_input_bytes, read_text
 from slimcaching.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.limits import check
 from slimcaching.profiles import LayerProfile, Profile
@@ -576,6 +576,27 @@ def to_profile(imp: Imported, model: str, phases: tuple[int, ...] = (0, 1), toke
     prof.meta["layer_ids"] = list(imp.layer_ids)
     prof.meta["experts"] = imp.num_experts
     return prof
+
+
+def write_vllm_responses(path: str | Path, trace: np.ndarray, prompt_tokens: int = 100) -> None:
+    """A trace (tokens, layers, K) as a JSONL of vLLM completion responses, one per
+    ``prompt_tokens`` + 20 tokens, each ``choices[0].routed_experts`` the base64 of ``np.save``
+    bytes (vLLM's ``numpy2base64``), uint8 ids as vLLM sends them for up to 256 experts."""
+    dtype = np.uint8 if trace.max() < 256 else np.uint16
+    lines = []
+    per = prompt_tokens + 20 - 1  # routed tokens of a response: prompt + completion - 1
+    for k, start in enumerate(range(0, len(trace), per)):
+        chunk = trace[start:start + per]
+        buf = io.BytesIO()
+        np.save(buf, chunk.astype(dtype), allow_pickle=False)
+        completion = max(1, len(chunk) + 1 - prompt_tokens)
+        lines.append(json.dumps({
+            "id": f"cmpl-{k}", "object": "text_completion", "model": "example",
+            "choices": [{"index": 0, "text": "", "finish_reason": "length",
+                         "routed_experts": base64.b64encode(buf.getvalue()).decode("ascii")}],
+            "usage": {"prompt_tokens": min(prompt_tokens, len(chunk)), "completion_tokens": completion,
+                      "total_tokens": min(prompt_tokens, len(chunk)) + completion}}))
+    atomic_write(path, "\n".join(lines) + "\n")
 
 
 def read_routing(fmt: str, paths: list[Path], *, top_k: int | None = None, experts: int | None = None,

@@ -41,7 +41,12 @@ def experiment(
                                                  "(capacity, local-cache, bandwidth, communication; "
                                                  "drift with --trace).")] = None,
     trace: Annotated[list[Path] | None, typer.Option("--trace", help="drift: replay these routing traces "
-                                                     "(.trace.npz or .npy), one phase each, in order.")] = None,
+                                                     "(.trace.npz or .npy), one phase each, in order; peers: the "
+                                                     "routing record of its imported-trace point.")] = None,
+    trace_format: Annotated[str, typer.Option("--trace-format", help="peers: the --trace files' format (as in "
+                                              "profile import).")] = "vllm-routed",
+    trace_model: Annotated[str | None, typer.Option("--trace-model", help="peers: the model preset the trace "
+                                                    "routes (default olmoe-1b-7b).")] = None,
     phase_tokens: Annotated[int | None, typer.Option("--phase-tokens", min=1, help="drift: tokens per "
                                                      "phase (default 40000; --quick 6000).")] = None,
 ) -> None:
@@ -54,8 +59,13 @@ def experiment(
         raise ScenarioError("--backend", f"expected one of {', '.join(EXECUTORS)}", backend)
     if address is not None and backend != "ray":
         raise ScenarioError("--address", "only with --backend ray", address)
-    if (trace or phase_tokens is not None) and "drift" not in names:
-        raise ScenarioError("--trace" if trace else "--phase-tokens", "only with the drift experiment", name)
+    if phase_tokens is not None and "drift" not in names:
+        raise ScenarioError("--phase-tokens", "only with the drift experiment", name)
+    if trace and not {"drift", "peers"} & set(names):
+        raise ScenarioError("--trace", "only with the drift and peers experiments", name)
+    if (trace_model is not None or trace_format != "vllm-routed") and "peers" not in names:
+        raise ScenarioError("--trace-model" if trace_model else "--trace-format", "only with the peers experiment",
+                            name)
     loaded = read_scenario(scenario) if scenario is not None else None
     # points done / total, elapsed and the estimate left; no bar in logs and pipes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -74,10 +84,12 @@ def experiment(
                 console.print(f"drift: wrote {path}, drift.png, drift.svg, drift.md")
                 continue
 
-            with flags(scenario="--scenario", backend="--backend", seeds="--seeds"):
+            peer = {"trace": trace, "trace_format": trace_format, "trace_model": trace_model} if n == "peers" else {}
+            with flags(scenario="--scenario", backend="--backend", seeds="--seeds", trace="--trace",
+                       FILE="--trace", FORMAT="--trace-format"):
                 path = run_experiment(n, out_dir, seeds=seeds, quick=quick, backend=backend, workers=workers,
                                       address=address, resume=resume, exact_limit=exact_limit,
-                                      scenario_path=scenario, progress=report)
+                                      scenario_path=scenario, progress=report, **peer)
             console.print(f"{n}: wrote {path}, {path.with_suffix('.png').name}, "
                           f"{path.with_suffix('.svg').name}, {path.with_suffix('.md').name}")
 

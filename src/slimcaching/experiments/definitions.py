@@ -86,6 +86,19 @@ EXPERIMENTS["regimes"] = Experiment(
     "split-style with whole models (`u-shaped`) or dense parts at home (`u-shaped-partial`), and the "
     "`slimcaching-hybrid` that chooses per (user, model).")
 
+PEER_ALGOS = ("slimcaching", "slimcaching-fast", "greedy", "lfu", "eplb", "topology-aware", "hot-experts", "none")
+PEER_VARIANTS = ("default", "geometric", "fine-grained", "trace")
+PEER_TRACE_MODEL = "olmoe-1b-7b"  # the model of the default imported trace (top-8 of 64, 16 layers)
+PEER_BOUND_LIMIT = {False: 120.0, True: 20.0}  # seconds for each point's lower bound (full, quick)
+EXPERIMENTS["peers"] = Experiment(
+    "peers", "variant", PEER_VARIANTS, PEER_VARIANTS, "scenario", algorithms=PEER_ALGOS, x_of="variant",
+    description="What the placements serving engines make today cost under co-activation: DeepSeek's EPLB, "
+    "topology-aware placement and hot-expert caching beside `slimcaching`, the paper's baselines and no edge "
+    "caching, on the default scenario, its geometric variant (each user reaches its two nearest servers), a "
+    "fine-grained top-8 model (Qwen3-30B-A3B, top-8 of 128; OLMoE, top-8 of 64, with --quick) and a routing "
+    "trace read through `profile import` (with `--trace`, yours). Each point also gets a proven lower bound "
+    "on the optimum, so every algorithm's gap is certified.")
+
 QUICK_BASE = {"users": 16, "servers": 3, "profile_tokens": 200}
 
 
@@ -95,6 +108,8 @@ def x_value(exp: Experiment, value) -> float:
         return float(value[1])
     if exp.option == "regime":
         return float(value[1]) / 1e9
+    if exp.option == "variant":
+        return float(PEER_VARIANTS.index(value if isinstance(value, str) else value[0]))
     if exp.x_of == "GB":
         return float(value) / 1e9
     if exp.x_of == "Mbit/s":
@@ -118,6 +133,14 @@ def apply_point(exp: Experiment, value, quick: bool) -> dict:
         # grid "load": the scenario is unchanged; the runner simulates it at that load
     elif exp.option == "uplink":
         over.update(uplink=float(value), downlink=2.0 * float(value))
+    elif exp.option == "variant":
+        kind = value if isinstance(value, str) else value[0]
+        if kind == "geometric":
+            over["reach"] = 2
+        elif kind == "fine-grained":
+            over.update(models=("olmoe-1b-7b",) if quick else ("qwen3-30b-a3b",), models_per_user=1)
+        elif kind == "trace":
+            over.update(models=(value[3],), models_per_user=1)
     else:
         over[exp.option] = value
     return over

@@ -15,6 +15,7 @@ from slimcaching.algorithms import solve
 from slimcaching.architectures import mean_latency
 from slimcaching.errors import ScenarioError
 from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
+from slimcaching.experiments.peers import peer_summary, peer_table, plot_peers
 from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
 from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write, read_input_bytes, read_text
@@ -340,6 +341,12 @@ def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: st
         table = regime_table(rows)
         plot_regimes(exp, table, out)
         atomic_write(out / f"{exp.name}.md", regime_summary(exp, rows, table, scenario_label))
+        return
+    if exp.option == "variant":
+        table = peer_table(rows)
+        if table:
+            plot_peers(exp, table, out)
+        atomic_write(out / f"{exp.name}.md", peer_summary(exp, rows, table, scenario_label))
         return
     agg = aggregate(rows, exp.metric)
     baseline = baseline_of(exp, agg)

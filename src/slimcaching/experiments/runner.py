@@ -16,25 +16,51 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from slimcaching.algorithms import solve
+from slimcaching.bounds import lower_bound
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import placement_breakdown
-from slimcaching.experiments.definitions import EXPERIMENTS, REGIME_TOKENS, Experiment, apply_point, x_value
+from slimcaching.experiments.definitions import (
+    EXPERIMENTS,
+    PEER_BOUND_LIMIT,
+    PEER_TRACE_MODEL,
+    REGIME_TOKENS,
+    Experiment,
+    apply_point,
+    x_value,
+)
 from slimcaching.experiments.plots import write_outputs
 from slimcaching.fileio import atomic_output, read_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.presets import resolve_preset
 from slimcaching.problem import build_problem
+from slimcaching.profiles import RouterSimulator
 from slimcaching.queueing import simulate_queueing
+from slimcaching.routing_import import read_routing, to_profile, write_vllm_responses
 from slimcaching.scenario import load_scenario, resolve_scenario
 
 COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
-           "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error"]
+           "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error",
+           "bound_ms"]
 
 SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
 
 
+def _imported_profiles(data: dict, value) -> dict:
+    """The generated scenario with every profile replaced by the imported trace ``value`` =
+    ("trace", format, files, model)."""
+    _, fmt, files, model = value
+    prof = to_profile(read_routing(fmt, [Path(f) for f in files]), model)
+    inline = prof.to_dict()
+    data["profiles"] = {name: inline for name in data["profiles"]}
+    return data
+
+
 def _scenario_for(exp: Experiment, value, seed: int, quick: bool, scenario_path: str | None):
     if scenario_path is None:
-        return resolve_scenario(generate_scenario_dict(GeneratorOptions(), seed=seed, **apply_point(exp, value, quick)))
+        data = generate_scenario_dict(GeneratorOptions(), seed=seed, **apply_point(exp, value, quick))
+        if exp.option == "variant" and not isinstance(value, str):
+            data = _imported_profiles(data, value)
+        return resolve_scenario(data)
     if exp.option not in SCENARIO_OPTIONS:
         raise ScenarioError("scenario", f"experiment {exp.name!r} sweeps {exp.option}, which needs the generator; "
                             f"with a scenario file use capacity, local-cache, bandwidth or communication")
@@ -91,9 +117,13 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
             if name == "none":
                 ref = lat * 1e3
             rows.append(row)
+        bound = float("nan")
+        if exp.option == "variant":  # a proven lower bound on the optimum: every row's gap is certified
+            bound = 1e3 * lower_bound(problem, time_limit=PEER_BOUND_LIMIT[quick])["lower_bound_s"]
         for row in rows:
             lat = row["latency_ms"]
             row["reduction_vs_none"] = (ref - lat) / ref if ref and lat == lat else float("nan")
+            row["bound_ms"] = bound
         return [r for r in rows if r["algorithm"] in algorithms or r["algorithm"] == "exact"]
     except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
         msg = f"{type(exc).__name__}: {exc}"
@@ -101,7 +131,28 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
             msg += " | " + traceback.format_exc(limit=3).replace("\n", " ")[-400:]
         return [dict(base, algorithm="*", latency_ms=float("nan"), reduction_vs_none=float("nan"),
                      solve_s=float("nan"), access_kb=float("nan"), backhaul_kb=float("nan"), share_all_local="",
-                     share_edge_only="", share_needs_cloud="", status="failed", error=msg)]
+                     share_edge_only="", share_needs_cloud="", status="failed", error=msg, bound_ms=float("nan"))]
+
+
+def _peer_trace_point(out: Path, quick: bool, trace: list[Path] | None, fmt: str, model: str | None) -> tuple:
+    """The peers experiment's imported-trace point: the user's files, checked now (one clear error
+    before any point runs), or an example written in vLLM's response format."""
+    model = model or PEER_TRACE_MODEL
+    preset = resolve_preset(model, field_name="--trace-model")
+    if not trace:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "peers-trace.jsonl"
+        sim = RouterSimulator(preset["experts"], preset["top_k"], preset["layers"], coupling=1.5, seed=7,
+                              model_key=model)
+        tokens = 600 if quick else 3000
+        write_vllm_responses(path, sim.trace("imported-trace", tokens), prompt_tokens=100)
+        trace = [path]
+    try:
+        prof = to_profile(read_routing(fmt, list(trace)), model)
+        prof.validate(preset["layers"], preset["experts"], preset["top_k"], model)
+    except ScenarioError as exc:  # the user's file: say so by the flag that named it
+        raise ScenarioError("--trace", str(exc)) from None
+    return ("trace", fmt, [str(Path(t).resolve()) for t in trace], model)
 
 
 # ---- executors --------------------------------------------------------------------------------
@@ -223,8 +274,13 @@ def _drop_failed(path: Path) -> None:
 def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = False, backend: str = "process",
                    workers: int | None = None, address: str | None = None, resume: bool = False,
                    algorithms: list[str] | None = None, exact_limit: float = 0.0,
-                   scenario_path: str | None = None, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Run experiment ``name`` into directory ``out``; returns the CSV path (figures via :mod:`plots`)."""
+                   scenario_path: str | None = None, progress: Callable[[int, int], None] | None = None,
+                   trace: list[Path] | None = None, trace_format: str = "vllm-routed",
+                   trace_model: str | None = None) -> Path:
+    """Run experiment ``name`` into directory ``out``; returns the CSV path (figures via :mod:`plots`).
+
+    ``peers`` only: ``trace`` (files of ``trace_format``, routing of preset ``trace_model``) is its
+    imported-trace point; without it, an example trace written in vLLM's response format."""
     if name not in EXPERIMENTS:
         raise ScenarioError("experiment", f"unknown experiment (known: {', '.join(EXPERIMENTS)}, all)", name)
     if backend not in EXECUTORS:
@@ -238,7 +294,10 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
                                 "with a scenario file use capacity, local-cache, bandwidth or communication")
 
         load_scenario(scenario_path)  # fail early, with the file's own error
+    if trace and exp.option != "variant":
+        raise ScenarioError("--trace", f"only the peers and drift experiments take traces, not {name}")
     out = Path(out)
+    trace_point = _peer_trace_point(out, quick, trace, trace_format, trace_model) if trace else None
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.csv"
     if path.exists() and not resume:
@@ -247,6 +306,9 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
         _drop_failed(path)
     done = _done_keys(path)
     values = exp.quick_values if quick else exp.values
+    if exp.option == "variant":
+        trace_point = trace_point or _peer_trace_point(out, quick, None, trace_format, trace_model)
+        values = tuple(trace_point if v == "trace" else v for v in values)
     algos = list(algorithms or exp.algorithms)
     tasks = [(name, v, s, quick, algos, exact_limit, scenario_path) for v in values for s in range(seeds)
              if (json.dumps(v), s) not in done]
