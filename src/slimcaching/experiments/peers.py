@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.experiments.definitions import PEER_VARIANTS, Experiment
+from slimcaching.experiments.stats import mean_ci, mean_pm
 from slimcaching.figures import BLACK, BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, pyplot, save_figure
 
 PALETTE = (SKY, ORANGE, GREEN, VERMILLION, PURPLE, BLUE, BLACK, GREY)  # Okabe & Ito: one colour per algorithm
@@ -35,8 +36,6 @@ def _by(rows: list[dict], field: str) -> dict[tuple[str, str], dict[str, float]]
 def peer_table(rows: list[dict], reference: str = "slimcaching") -> dict:
     """variant -> algorithm -> {latency, ratio (to ``reference``, paired by seed), gap (certified:
     (T - B) / T with B the point's lower bound)}, each (mean, 95% half-width, n)."""
-    from slimcaching.experiments.plots import _mean_ci
-
     lat = _by(rows, "latency_ms")
     bound = _by(rows, "bound_ms")
     out: dict = {}
@@ -45,18 +44,16 @@ def peer_table(rows: list[dict], reference: str = "slimcaching") -> dict:
         b = bound.get((variant, algo), {})
         ratios = [v / ref[s] for s, v in seeds.items() if ref.get(s, 0) > 0]
         gaps = [max(0.0, (v - b[s]) / v) for s, v in seeds.items() if s in b and v > 0]
-        cell = {"latency": (*_mean_ci(list(seeds.values())), len(seeds))}
+        cell = {"latency": (*mean_ci(list(seeds.values())), len(seeds))}
         if ratios:
-            cell["ratio"] = (*_mean_ci(ratios), len(ratios))
+            cell["ratio"] = (*mean_ci(ratios), len(ratios))
         if gaps:
-            cell["gap"] = (*_mean_ci(gaps), len(gaps))
+            cell["gap"] = (*mean_ci(gaps), len(gaps))
         out.setdefault(variant, {})[algo] = cell
     return out
 
 
 def _fmt(cell: tuple | None, digits: int = 4, percent: bool = False) -> str:
-    from slimcaching.experiments.plots import mean_pm
-
     if cell is None:
         return "–"
     mean, half, _ = cell

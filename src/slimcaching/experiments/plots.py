@@ -17,6 +17,8 @@ from slimcaching.errors import ScenarioError
 from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
 from slimcaching.experiments.peers import peer_summary, peer_table, plot_peers
 from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
+from slimcaching.experiments.stats import mean_ci as _mean_ci
+from slimcaching.experiments.stats import mean_pm
 from slimcaching.figures import line_style, pyplot, save_figure
 from slimcaching.fileio import atomic_write, read_input_bytes, read_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
@@ -32,15 +34,6 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(io.StringIO(read_text(path, "results"), newline="")))
     except csv.Error as exc:  # e.g. a field over the csv module's size limit
         raise ScenarioError("results", f"{path}: not a results CSV ({exc})") from None
-
-
-def _mean_ci(vals: list[float]) -> tuple[float, float]:
-    """Mean and 95% t half-width (0 for one value)."""
-    from scipy import stats  # start-up: scipy ~1-2 s
-
-    arr = np.array(vals)
-    half = float(stats.t.ppf(0.975, len(arr) - 1) * arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else 0.0
-    return float(arr.mean()), half
 
 
 def _values(rows: list[dict], metric: str) -> dict[tuple[str, float], dict[str, float]]:
@@ -282,18 +275,6 @@ def relative(ours: float, theirs: float) -> str:
     if ours >= 2 * theirs:
         return f"{ours / theirs:.1f}x higher"
     return f"{100 * (ours - theirs) / theirs:.1f}% higher"
-
-
-def mean_pm(mean: float, half: float) -> str:
-    """``mean ± half`` with the half-width to 2 significant digits and the mean to the same place.
-
-    >>> mean_pm(654.4, 270.3), mean_pm(0.12345, 0.0123), mean_pm(206.36, 0.5)
-    ('650 ± 270', '0.123 ± 0.012', '206.36 ± 0.50')
-    """
-    place = 1 - math.floor(math.log10(half))  # decimals; negative: tens, hundreds, ...
-    if place > 0:
-        return f"{mean:.{place}f} ± {half:.{place}f}"
-    return f"{round(mean, place):.0f} ± {round(half, place):.0f}"
 
 
 def ratio_lines(exp: Experiment, ratios: dict, baseline: str) -> list[str]:
