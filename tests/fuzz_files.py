@@ -3,7 +3,8 @@ cut; values swapped for hostile ones) and runs the command that reads each throu
 run must end cleanly (exit 0, or one ``error:`` line and exit 2, nothing left behind) -- never a
 traceback.
 
-Readers: scenarios (JSON, YAML, TOML), placements, profiles (JSON, NPZ), routing traces (NPY),
+Readers: scenarios (JSON, YAML, TOML), placements, profiles (JSON, NPZ), routing traces (NPY), the
+routing importers (vLLM and SGLang responses, counts and token CSV, SGLang .pt dumps),
 cluster files, model directories (config.json, safetensors headers). Used by tests/test_fuzz.py
 (small budget) and benchmarks/fuzz_runtime.py (large budget).
 """
@@ -40,6 +41,40 @@ def _npz(profile: dict) -> bytes:
     return b.getvalue()
 
 
+def _routing_files() -> dict[str, tuple[list[str], dict, str]]:
+    """The ``profile import`` readers, each on a small valid record written as the engine writes it."""
+    import base64
+
+    ids = np.array([[[0, 1], [2, 3]], [[1, 2], [0, 3]], [[0, 3], [1, 2]]])  # (tokens, layers, K)
+    buf = io.BytesIO()
+    np.save(buf, ids.astype(np.uint8), allow_pickle=False)
+    vllm = json.dumps({"choices": [{"index": 0, "routed_experts": base64.b64encode(buf.getvalue()).decode()}],
+                       "usage": {"prompt_tokens": 2, "completion_tokens": 2}}) + "\n"
+    sglang = json.dumps({"meta_info": {"prompt_tokens": 2, "completion_tokens": 2, "routed_experts":
+                                       base64.b64encode(ids.astype("<i4").tobytes()).decode()}}) + "\n"
+    out = {
+        "import.vllm": (["profile", "import", "vllm-routed", "{d}/r.jsonl", "-o", "{d}/o.json"], {"r.jsonl": vllm},
+                        "r.jsonl"),
+        "import.sglang": (["profile", "import", "sglang-routed", "{d}/r.jsonl", "--top-k", "2", "-o", "{d}/o.json"],
+                          {"r.jsonl": sglang}, "r.jsonl"),
+        "import.counts": (["profile", "import", "counts", "{d}/c.csv", "--top-k", "2", "-o", "{d}/o.json",
+                           "--tokens", "200"], {"c.csv": "layer,expert,count\n0,0,5\n0,1,3\n0,2,2\n"}, "c.csv"),
+        "import.tokens": (["profile", "import", "tokens", "{d}/t.csv", "-o", "{d}/o.json"],
+                          {"t.csv": "token,layer,e0,e1\n0,0,1,2\n0,1,0,3\n1,0,2,3\n1,1,1,0\n"}, "t.csv"),
+    }
+    try:
+        import torch
+    except ImportError:  # the hf extra is missing: the .pt reader is fuzzed where it is installed
+        return out
+    pt = io.BytesIO()
+    rec = {"forward_pass_id": 0, "rank": 0, "gatherer_key": "primary", "forward_mode": 1,
+           "topk_ids_of_layer": torch.tensor(ids.transpose(1, 0, 2), dtype=torch.int32)}
+    torch.save({"records": [rec], "last_physical_to_logical_map": torch.arange(4).repeat(2, 1)}, pt)
+    out["import.sglang.pt"] = (["profile", "import", "sglang-per-token", "{d}/d.pt", "-o", "{d}/o.json"],
+                               {"d.pt": pt.getvalue()}, "d.pt")
+    return out
+
+
 def readers() -> dict[str, tuple[list[str], dict, str]]:
     """name -> (argv, files, the file hypothesis mutates)."""
     sc = {"sc.json": BASE}
@@ -57,6 +92,7 @@ def readers() -> dict[str, tuple[list[str], dict, str]]:
                     {"c.yaml": "nodes: {e0: '127.0.0.1:9', cloud: '127.0.0.1:9'}\n"}, "c.yaml"),
         "config.json": (["validate", "{d}/sc.yaml"], model, "m/config.json"),
         "safetensors": (["validate", "{d}/sc.yaml"], model, "m/model.safetensors"),
+        **_routing_files(),
     }
 
 

@@ -237,7 +237,7 @@ def test_experiment_drift_replays_routing_traces(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0], err
     assert main(["experiment", "capacity", "--trace", str(tmp_path / "a.npy"), "--out", str(tmp_path / "c")]) == 2
-    assert "only with the drift experiment" in capsys.readouterr().err
+    assert "only with the drift and peers experiments" in capsys.readouterr().err
 
 
 def test_a_migration_serves_each_copy_from_its_arrival():

@@ -188,6 +188,8 @@ def test_token_csv_and_counts_csv(tmp_path, trace):
     f = tmp_path / "tokens.csv"
     f.write_text("\n".join(lines) + "\n")
     _same_sets(to_profile(read_routing("tokens", [f]), "m"), profile_from_trace(trace, "m"))
+    np.save(tmp_path / "tokens.npy", shuffled)
+    _same_sets(to_profile(read_routing("tokens", [tmp_path / "tokens.npy"]), "m"), profile_from_trace(trace, "m"))
     c = tmp_path / "load.csv"
     counts = np.bincount(trace[:, 0].ravel(), minlength=E)
     c.write_text("layer,expert,count\n" + "".join(f"0,{e},{n}\n" for e, n in enumerate(counts)))
