@@ -121,6 +121,27 @@ def test_sglang_stat_dump_is_counts_only_and_labelled(tmp_path, trace):
         np.testing.assert_allclose(lp.marginals(E), lm.marginals(E), atol=0.02)
 
 
+def test_sglang_per_pass_dump_is_counts_folded_to_logical(tmp_path, trace):
+    torch = pytest.importorskip("torch")
+    p2l, log2phy = _replicated_map(LAYERS + DENSE)
+    ids = _with_dense(trace, -1)
+    records = []
+    for pass_id, (a, b) in enumerate(((0, 100), (100, 240))):
+        phys = np.where(ids[a:b] >= 0, log2phy[np.arange(LAYERS + DENSE)[None, :, None], np.maximum(ids[a:b], 0),
+                                                np.arange(b - a)[:, None, None] % 2], -1)
+        count = np.zeros((LAYERS + DENSE, E + 4), np.int32)  # as _SelectExpertsSinglePassGatherer counts
+        for li in range(LAYERS + DENSE):
+            np.add.at(count[li], phys[:, li][phys[:, li] >= 0], 1)
+        records.append(dict(forward_pass_id=pass_id, rank=0, gatherer_key="primary",
+                            global_physical_count=torch.from_numpy(count)))
+    torch.save(dict(records=records, last_physical_to_logical_map=torch.from_numpy(p2l)), str(tmp_path / "pp.pt"))
+    imp = read_routing("sglang-stat", [tmp_path / "pp.pt"], top_k=K)
+    expect = [np.bincount(trace[:, li].ravel(), minlength=E).tolist() for li in range(LAYERS)]
+    assert imp.layer_ids == [1, 2, 3] and imp.counts.tolist() == expect
+    with pytest.raises(ScenarioError, match="sglang-stat"):
+        read_routing("sglang-per-token", [tmp_path / "pp.pt"])
+
+
 def test_independent_sets_match_skewed_loads():
     loads = np.array([900, 500, 300, 200, 100, 50, 30, 20, 0, 0], float)
     lp = independent_sets(loads, 3, tokens=20_000, seed=1)

@@ -7,7 +7,8 @@ Formats (docs/scenario.md, "Importing routing"), each read the way the engine wr
   one file per rank). Each record holds ``topk_ids_of_layer`` (layers, tokens, 8) of *physical*
   expert ids, -1 where no expert was chosen; they are folded back to logical ids with the map.
 * ``sglang-stat``: the ``.pt`` file of mode ``stat`` (``{"logical_count": (steps, layers,
-  experts), ...}``): counts only.
+  experts), ...}``) or of mode ``per_pass`` (records of ``global_physical_count``, folded to
+  logical ids with the map): counts only.
 * ``sglang-routed``: a JSONL of SGLang ``/generate`` responses made with
   ``return_routed_experts``: ``meta_info.routed_experts`` is base64 of int32 ids in (tokens,
   layers, K) order, tokens ``0 .. prompt + completion - 2`` (the last token is never forwarded).
@@ -212,6 +213,8 @@ def read_sglang_per_token(paths: list[Path], experts: int | None = None) -> Impo
     n_layers = None
     for p in paths:
         dump = _dict(_torch_load(p, where), ("records", "last_physical_to_logical_map"), f"{where}: {p.name}")
+        if dump["records"] and isinstance(dump["records"][0], dict) and "topk_ids_of_layer" not in dump["records"][0]:
+            raise ScenarioError(where, f"{p.name} holds no per-token ids (a per_pass dump?): import it as sglang-stat")
         p2l = _tensor(dump["last_physical_to_logical_map"], f"{where}: {p.name}: last_physical_to_logical_map")
         if p2l.ndim != 2 or p2l.size == 0 or p2l.min() < 0:
             raise ScenarioError(where, f"{p.name}: last_physical_to_logical_map must be (layers, physical experts) "
@@ -260,20 +263,56 @@ def read_sglang_per_token(paths: list[Path], experts: int | None = None) -> Impo
     return _finish(kept, rows, phases, experts, meta, where)
 
 
+def _per_pass_counts(dump: dict, seen: set, where: str) -> np.ndarray:
+    """Logical counts of a ``per_pass`` dump: each record's ``global_physical_count`` (layers,
+    physical experts), records repeated by tensor-parallel ranks once, folded by the dump's map."""
+    p2l = _tensor(dump["last_physical_to_logical_map"], f"{where}: last_physical_to_logical_map")
+    if p2l.ndim != 2 or p2l.size == 0 or p2l.min() < 0:
+        raise ScenarioError(where, "last_physical_to_logical_map must be (layers, physical experts) of ids >= 0",
+                            list(p2l.shape))
+    if not isinstance(dump["records"], list):
+        raise ScenarioError(where, "records must be a list", type(dump["records"]).__name__)
+    total = np.zeros((p2l.shape[0], int(p2l.max()) + 1), np.int64)
+    for ri, rec in enumerate(dump["records"]):
+        rec = _dict(rec, ("global_physical_count",), f"{where}: records[{ri}]")
+        c = _tensor(rec["global_physical_count"], f"{where}: records[{ri}].global_physical_count")
+        if c.shape != p2l.shape or (c.size and c.min() < 0):
+            raise ScenarioError(f"{where}: records[{ri}].global_physical_count",
+                                f"expected counts >= 0 of shape {list(p2l.shape)}", list(c.shape))
+        key = (rec.get("forward_pass_id"), rec.get("gatherer_key"), c.tobytes())
+        if key in seen:
+            continue
+        seen.add(key)
+        for li in range(p2l.shape[0]):
+            np.add.at(total[li], p2l[li], c[li])
+    return total
+
+
 def read_sglang_stat(paths: list[Path], top_k: int, experts: int | None = None) -> Imported:
-    """SGLang ``stat`` dumps: logical counts summed over the buffered steps (and over files)."""
+    """SGLang ``stat`` dumps (logical counts summed over the buffered steps) or ``per_pass`` dumps
+    (physical counts per forward pass, folded to logical ids); summed over files."""
     where = "sglang-stat"
     total = None
+    seen: set = set()
     for p in paths:
-        dump = _dict(_torch_load(p, where), ("logical_count",), f"{where}: {p.name}")
-        c = _tensor(dump["logical_count"], f"{where}: {p.name}: logical_count")
-        if c.ndim == 2:
-            c = c[None]
-        if c.ndim != 3:
-            raise ScenarioError(where, f"{p.name}: logical_count must be (steps, layers, experts)", list(c.shape))
-        c = c.sum(axis=0)
+        dump = _torch_load(p, where)
+        f = f"{where}: {p.name}"
+        if isinstance(dump, dict) and "records" in dump and "logical_count" not in dump:
+            dump = _dict(dump, ("records", "last_physical_to_logical_map"), f)
+            if dump["records"] and isinstance(dump["records"][0], dict) and "topk_ids_of_layer" in dump["records"][0]:
+                raise ScenarioError(where, f"{p.name} is a per_token dump: import it as sglang-per-token (it has "
+                                    "the co-activation this format lacks)")
+            c = _per_pass_counts(dump, seen, f)
+        else:
+            dump = _dict(dump, ("logical_count",), f)
+            c = _tensor(dump["logical_count"], f"{f}: logical_count")
+            if c.ndim == 2:
+                c = c[None]
+            if c.ndim != 3:
+                raise ScenarioError(where, f"{p.name}: logical_count must be (steps, layers, experts)", list(c.shape))
+            c = c.sum(axis=0)
         if total is not None and total.shape != c.shape:
-            raise ScenarioError(where, f"{p.name}: logical_count of shape {list(c.shape)} after {list(total.shape)}")
+            raise ScenarioError(where, f"{p.name}: counts of shape {list(c.shape)} after {list(total.shape)}")
         total = c if total is None else total + c
     return _from_counts(total, top_k, experts, {"format": where, "files": [p.name for p in paths]}, where)
 
