@@ -131,3 +131,44 @@ def test_public_functions_and_classes_have_docstrings():
 def test_cli_modules_stay_thin():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "cli").glob("*.py")}
     assert sizes and max(sizes.values()) <= 250, sizes
+
+
+def _layer(module: str) -> str:
+    """cli, runtime, experiments or planner (everything else: the model, algorithms, evaluation)."""
+    for layer in ("cli", "runtime", "experiments"):
+        if module == f"slimcaching.{layer}" or module.startswith(f"slimcaching.{layer}."):
+            return layer
+    return "planner"
+
+
+# who may import whom, by layer: the planner knows nothing of running it, the runtime nothing of the CLI
+FORBIDDEN = {"planner": {"runtime", "cli", "experiments"}, "runtime": {"cli", "experiments"},
+             "experiments": {"cli"}}
+
+
+def layering_violations(graph: nx.DiGraph) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, b in graph.edges if _layer(b) in FORBIDDEN.get(_layer(a), ()))
+
+
+def test_layers_import_only_downwards():
+    bad = layering_violations(import_graph())
+    assert not bad, "layering broken: " + "; ".join(bad)
+
+
+def test_the_layering_rule_can_fail():
+    g = import_graph()
+    g.add_edge("slimcaching.problem", "slimcaching.runtime.node")
+    assert layering_violations(g) == ["slimcaching.problem -> slimcaching.runtime.node"]
+
+
+def test_only_the_cli_imports_typer():
+    bad = []
+    for name, path in MODULES.items():
+        if _layer(name) == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] == "typer" for n in names):
+                bad.append(f"{name}:{node.lineno}")
+    assert not bad, "typer outside cli/: " + ", ".join(bad)

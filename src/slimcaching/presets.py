@@ -366,11 +366,6 @@ ARCHS: dict[str, Arch] = {
 }
 
 
-def preset_names() -> list[str]:
-    """The names of the built-in model presets."""
-    return list(ARCHS)
-
-
 def resolve_preset(name: str, precision: str = "bf16", field_name: str = "preset") -> dict:
     """Return the SI model fields of a preset at a weight precision."""
     key = name.strip().lower()

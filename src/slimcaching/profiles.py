@@ -278,18 +278,3 @@ def synthetic_profile(model: str, experts: int, top_k: int, layers: int, task: s
     sim = RouterSimulator(experts, top_k, layers, seed=seed, model_key=model, **params)
     meta = {"synthetic": {"task": task, "seed": seed, **params}}
     return profile_from_trace(sim.trace(task, tokens), model, meta)
-
-
-def mix_profiles(profiles: list[Profile], weights: list[float], model: str) -> Profile:
-    """Mixture of profiles of one model: p(S) = sum_i w_i p_i(S)."""
-    w = np.asarray(weights, float)
-    w = w / w.sum()
-    layers = []
-    for li in range(len(profiles[0].layers)):
-        sets = np.concatenate([p.layers[li].sets for p in profiles])
-        probs = np.concatenate([wi * p.layers[li].probs for wi, p in zip(w, profiles)])
-        uniq, inv = np.unique(sets, axis=0, return_inverse=True)
-        acc = np.zeros(len(uniq))
-        np.add.at(acc, inv.ravel(), probs)
-        layers.append(LayerProfile(uniq, acc))
-    return Profile(model, layers, {})

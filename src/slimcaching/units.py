@@ -135,10 +135,3 @@ def format_bytes(n: float) -> str:
         if abs(n) >= f:
             return f"{n / f:.3g} {unit}"
     return f"{n:.0f} B"
-
-
-def format_seconds(t: float) -> str:
-    """Seconds in a readable unit (``12.3 ms``)."""
-    if abs(t) >= 1:
-        return f"{t:.3f} s"
-    return f"{t * 1e3:.3f} ms"
