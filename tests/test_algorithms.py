@@ -434,3 +434,39 @@ def test_a_time_limit_stops_after_the_first_sweep_with_a_valid_placement():
     assert problem.objective(free.x) <= problem.objective(pl.x) + 1e-15
     with pytest.raises(ScenarioError, match="time_limit"):
         solve(problem, "slimcaching", {"time_limit": -1})
+
+
+def test_compiled_row_form_and_row_merge_match_the_numpy_rows(monkeypatch):
+    """Groups kept as rows: the compiled builder gives the numpy reference's rows and sorted
+    prefix array for array; merging rows with equal sorted positions keeps every subset's value."""
+    pytest.importorskip("numba")
+    import slimcaching.algorithms.core.decomposition as dec_mod
+    from slimcaching.algorithms.core import kernels
+    from slimcaching.algorithms.core.row_kernels import merge_rows
+
+    problem = _problem(seed=2, servers=3, users=12, experts=12, top_k=6, layers=2, models=1, capacity_experts=8)
+    rng = np.random.default_rng(2)
+    dec = dec_mod.Decomposition(problem, rng.random((problem.n_servers, problem.n_items)) < 0.2)
+    monkeypatch.setattr(dec_mod, "ROW_GROUP_MIN_K", 0)
+    compared = 0
+    for n in range(problem.n_servers):
+        for g in range(len(dec.g_start)):
+            ref = dec._group_problem_numpy(g, n, 0.0)
+            got = dec._group_problem_compiled(g, n, 0.0, kernels.kernels())
+            assert (ref is None) == (got is None)
+            if ref is None:
+                continue
+            for f in ("experts", "pos", "rc", "v", "local", "access", "w"):
+                assert np.array_equal(getattr(ref, f), getattr(got, f)), f
+            spos, coefs = ref.sorted_prefix()
+            assert all(np.array_equal(a, b) for a, b in zip((spos, coefs), got.sorted_prefix()))
+            mpos, mcoefs, ids = merge_rows(spos, np.ascontiguousarray(coefs))
+            assert len(mpos) <= len(spos) and np.array_equal(mpos[ids], spos)
+            masks = rng.random((16, ref.n_candidates)) < 0.5
+            ext = np.concatenate([masks, np.ones((16, 1), bool)], axis=1)
+            for s, c in ((spos, coefs), (mpos, mcoefs)):
+                inside = np.cumprod(ext[:, s], axis=2).astype(bool)
+                val = (inside * c[None]).sum(axis=(1, 2))
+                assert np.allclose(val, ref.values(masks), rtol=1e-9, atol=1e-15)
+            compared += 1
+    assert compared > 0

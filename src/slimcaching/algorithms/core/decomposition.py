@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimcaching.algorithms.core import kernels
-from slimcaching.algorithms.core.groups import PrefixGroup, build_group, build_row_group, pattern_bits, prefix_form
+from slimcaching.algorithms.core.groups import (
+    PrefixGroup,
+    RowGroup,
+    build_group,
+    build_row_group,
+    pattern_bits,
+    prefix_form,
+)
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
 from slimcaching.problem import Problem
@@ -224,15 +231,19 @@ class Decomposition:
         v_home = np.ascontiguousarray(p.holder_cost[:, n, m])
         forced = self.force[n, lo:lo + e].copy() if self.force is not None else np.zeros(e, bool)
         forbidden = self.forbid[n, lo:lo + e].copy() if self.forbid is not None else np.zeros(e, bool)
-        candidates, prefix_rows, _ = fast
+        candidates, prefix_rows, _, row_form = fast
         args = (lidx, int(self.g_start[g]), self.home_ptr[g], homes, remote, v_home, forced, forbidden, e)
         used, active = candidates(*args)
         if active == 0:
             return None
         n_cand = int(used.sum())
-        if n_cand > MAX_ZETA_CANDIDATES or (2.0**n_cand) * (n_cand + 1) + active * (k + 1) > exact_budget:
-            return self._group_problem_numpy(g, n, exact_budget)
         compact = np.cumsum(used) - 1
+        if n_cand > MAX_ZETA_CANDIDATES or (2.0**n_cand) * (n_cand + 1) + active * (k + 1) > exact_budget:
+            if k <= ROW_GROUP_MIN_K:
+                return self._group_problem_numpy(g, n, exact_budget)
+            pos, rc, v, rows, spos, coefs = row_form(*args, compact, active, p.row_local, p.row_access, p.row_weight)
+            return RowGroup(lo + np.nonzero(used)[0], pos, rc, v, p.row_local[rows], p.row_access[rows],
+                            p.row_weight[rows], staircase=(spos, coefs))
         masks, coefs, _ = prefix_rows(*args, compact, active, p.row_local, p.row_access, p.row_weight)
         return PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
 

@@ -143,7 +143,8 @@ class PrefixGroup:
 @dataclass
 class RowGroup:
     """A group kept as rows (no 2^K pattern tables): for large K. ``pos`` [R, K] candidate index per
-    position (E' where not a candidate), ``rc`` current remote costs, ``v`` cost via this server."""
+    position (E' where not a candidate), ``rc`` current remote costs, ``v`` cost via this server;
+    ``staircase``: :meth:`sorted_prefix` when its builder computed it already."""
 
     experts: np.ndarray
     pos: np.ndarray
@@ -152,6 +153,7 @@ class RowGroup:
     local: np.ndarray
     access: np.ndarray
     w: np.ndarray
+    staircase: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def n_candidates(self) -> int:
@@ -165,6 +167,8 @@ class RowGroup:
         """The rows in the prefix form of :func:`prefix_form` without bit masks (any E'):
         ``spos`` [R, K] candidate index per position, costliest remote first (E' past a row's
         candidates) and ``coefs`` [R, K] the weighted reduction of completing each prefix."""
+        if self.staircase is not None:
+            return self.staircase
         e = self.n_candidates
         cand = self.pos < e
         r, k = cand.shape

@@ -20,7 +20,7 @@ _TRIED = False
 
 
 def kernels():
-    """(candidates, prefix_rows, zeta_best) compiled, or None when numba is unavailable or disabled."""
+    """(candidates, prefix_rows, zeta_best, row_form) compiled, or None when numba is unavailable or disabled."""
     global _KERNELS, _TRIED
     if os.environ.get("SLIMCACHING_NUMBA", "1").strip() in ("0", "false", "no", "off"):
         return None
@@ -116,6 +116,78 @@ def _compile():
         return masks, coefs, rows
 
     @numba.njit(cache=True, nogil=True)
+    def row_form(lidx, g0, home_ptr, homes, remote, v_home, forced, forbidden, e, compact, active,
+                 local, access, weight):
+        """Pass 2 for groups kept as rows (any E'): the active rows' candidate index per position
+        (``n_cand`` where not a candidate), remote costs and cost via this server, as the numpy
+        reference builds them, and their sorted-prefix form (candidate indices costliest remote
+        first, the weighted reduction of completing each prefix) as
+        :meth:`RowGroup.sorted_prefix` computes it."""
+        k = lidx.shape[1]
+        n_cand = 0
+        for x in range(e):
+            if compact[x] >= n_cand:
+                n_cand = compact[x] + 1
+        pos = np.full((active, k), n_cand, np.int64)
+        rcs = np.empty((active, k))
+        vs = np.empty(active)
+        spos = np.full((active, k), n_cand, np.int64)
+        coefs = np.zeros((active, k))
+        rows = np.empty(active, np.int64)
+        srt = np.empty(k)
+        sp = np.empty(k, np.int64)
+        rbuf = np.empty(k)  # this row's costs and positions, written out only if it is active
+        pbuf = np.empty(k, np.int64)
+        i = 0
+        for hi in range(homes.shape[0]):
+            h = homes[hi]
+            vh = v_home[h]
+            for r in range(home_ptr[h], home_ptr[h + 1]):
+                rest = -np.inf
+                nc = 0
+                for j in range(k):
+                    x = lidx[r - g0, j]
+                    pbuf[j] = n_cand
+                    if x >= e:
+                        rbuf[j] = -np.inf  # absent position: the sentinel column
+                        continue
+                    rc = remote[h, x]
+                    if forced[x]:
+                        rc = min(rc, vh)
+                    rbuf[j] = rc
+                    if rc > vh and not forced[x] and not forbidden[x]:
+                        pbuf[j] = compact[x]
+                        t = nc
+                        while t > 0 and srt[t - 1] < rc:
+                            srt[t] = srt[t - 1]
+                            sp[t] = sp[t - 1]
+                            t -= 1
+                        srt[t] = rc
+                        sp[t] = compact[x]
+                        nc += 1
+                    elif rc > rest:
+                        rest = rc
+                if nc == 0:
+                    continue
+                lo, acc, w = local[r], access[r], weight[r]
+                prev = max(lo, acc + max(srt[0], rest))
+                for t in range(nc):
+                    worst = max(rest, vh)
+                    if t + 1 < nc and srt[t + 1] > worst:
+                        worst = srt[t + 1]
+                    lat = max(lo, acc + worst)
+                    coefs[i, t] = (prev - lat) * w
+                    prev = lat
+                    spos[i, t] = sp[t]
+                for j in range(k):
+                    pos[i, j] = pbuf[j]
+                    rcs[i, j] = rbuf[j]
+                vs[i] = vh
+                rows[i] = r
+                i += 1
+        return pos, rcs, vs, rows, spos, coefs
+
+    @numba.njit(cache=True, nogil=True)
     def zeta_best(c, e, kmax):
         """Zeta transform of ``c`` in place (c[S] becomes the sum over subsets of S), then per
         size k <= kmax the largest value and the first (smallest) mask attaining it: the same
@@ -139,7 +211,7 @@ def _compile():
                 arg[pc] = s
         return best, arg
 
-    return candidates, prefix_rows, zeta_best
+    return candidates, prefix_rows, zeta_best, row_form
 
 
 _ROW_GREEDY = None
@@ -165,4 +237,4 @@ def row_greedy_kernel():
 def _compile_row_greedy():
     from slimcaching.algorithms.core import row_kernels  # start-up: imports numba (~0.7 s)
 
-    return row_kernels.row_greedy
+    return row_kernels.merged_row_greedy

@@ -1,6 +1,12 @@
 """The row greedy of :func:`slimcaching.algorithms.core.values.row_greedy_compiled`, compiled by
 numba (module level, so that numba's on-disk cache keeps it between runs). Imported only through
-:func:`slimcaching.algorithms.core.kernels.row_greedy_kernel`."""
+:func:`slimcaching.algorithms.core.kernels.row_greedy_kernel`.
+
+Rows with the same sorted positions are one row for the greedy: a row's value is
+sum_j coefs[j] [positions 0..j all chosen], so such rows add up coefficient by coefficient.
+At top-8 the co-activation sets of a layer recur across the user classes a server reaches
+(qwen3-30b-a3b at 5 x 50: 21,378 rows, 4,721 distinct), and every step of the greedy visits
+rows: :func:`merged_row_greedy` merges them first."""
 
 from __future__ import annotations
 
@@ -173,3 +179,61 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
         best[size] = value
         masks[size, :] = chosen[:e]
     return best, masks
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_rows(spos, coefs):
+    """Rows with equal ``spos`` merged (coefficients added in row order), numbered by first
+    appearance: (merged spos, merged coefs, merged id of each input row)."""
+    r_n, k = spos.shape
+    size = 1
+    while size < 2 * r_n + 2:
+        size *= 2
+    table = np.full(size, -1, np.int64)  # open addressing: slot -> merged id
+    ids = np.empty(r_n, np.int64)
+    first = np.empty(r_n, np.int64)
+    m = 0
+    for r in range(r_n):
+        h = np.uint64(1469598103934665603)
+        for j in range(k):
+            h = (h ^ np.uint64(spos[r, j])) * np.uint64(1099511628211)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            q = table[slot]
+            if q < 0:
+                table[slot] = m
+                first[m] = r
+                ids[r] = m
+                m += 1
+                break
+            f = first[q]
+            same = True
+            for j in range(k):
+                if spos[f, j] != spos[r, j]:
+                    same = False
+                    break
+            if same:
+                ids[r] = q
+                break
+            slot = (slot + 1) & (size - 1)
+    out_pos = np.empty((m, k), np.int64)
+    out_coefs = np.zeros((m, k))
+    for q in range(m):
+        out_pos[q, :] = spos[first[q], :]
+    for r in range(r_n):
+        q = ids[r]
+        for j in range(k):
+            out_coefs[q, j] += coefs[r, j]
+    return out_pos, out_coefs, ids
+
+
+@numba.njit(cache=True, nogil=True)
+def merged_row_greedy(spos, coefs, e, kmax, heavy, completions):
+    """:func:`row_greedy` on the rows merged by :func:`merge_rows`; ``heavy`` (rows of the input)
+    keeps its order, each row standing for its merged row, so the moves tried are those of the
+    unmerged greedy."""
+    mpos, mcoefs, ids = merge_rows(spos, coefs)
+    mheavy = np.empty(heavy.shape[0], np.int64)
+    for i in range(heavy.shape[0]):
+        mheavy[i] = ids[heavy[i]]
+    return row_greedy(mpos, mcoefs, e, kmax, mheavy, completions)
