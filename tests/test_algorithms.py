@@ -470,3 +470,24 @@ def test_compiled_row_form_and_row_merge_match_the_numpy_rows(monkeypatch):
                 assert np.allclose(val, ref.values(masks), rtol=1e-9, atol=1e-15)
             compared += 1
     assert compared > 0
+
+
+def test_tables_on_worker_threads_give_the_single_thread_answer(monkeypatch):
+    """Value tables computed on a thread pool are recorded in group order: the placement and
+    every statistic equal those of one thread."""
+    pytest.importorskip("numba")
+    import slimcaching.algorithms.core.decomposition as dec_mod
+
+    monkeypatch.setattr(dec_mod, "COMPILED_MIN_ROW_VISITS", 0)
+    monkeypatch.setattr(dec_mod, "PARALLEL_MIN_TABLES", 1)
+    monkeypatch.setattr(dec_mod, "_POOL", None)
+    problem = _problem(seed=5, servers=3, users=12, experts=12, top_k=6, layers=3, models=2, capacity_experts=8)
+    out = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("SLIMCACHING_THREADS", threads)
+        assert dec_mod.table_threads() == int(threads)
+        pl = solve(problem, "slimcaching", {"starts": ""})
+        out[threads] = (pl.x, {k: v for k, v in pl.params.items() if k != "solve_seconds"})
+        assert (dec_mod._POOL is None) == (threads == "1")
+    assert np.array_equal(out["1"][0], out["2"][0])
+    assert out["1"][1] == out["2"][1]

@@ -179,10 +179,20 @@ class Problem:
         src_cloud[:, :ni] = r[:, :ni] >= base
         return r, src_cloud
 
+    def row_chunks(self, entries: int = 4_000_000):
+        """Slices of about ``entries`` row x position entries each: per-entry temporaries over a
+        city-scale problem (tens of millions of entries) are built a chunk at a time."""
+        n = self.row_items.shape[0]
+        step = max(1, entries // max(1, self.row_items.shape[1]))
+        return [slice(a, min(n, a + step)) for a in range(0, n, step)] or [slice(0, 0)]
+
     def row_latency(self, x: np.ndarray) -> np.ndarray:
         r = self.remote_cost(x)
-        worst = r[self.row_home[:, None], self.row_items].max(axis=1)
-        return np.maximum(self.row_local, self.row_access + worst)
+        out = np.empty(self.row_items.shape[0])
+        for sl in self.row_chunks():
+            worst = r[self.row_home[sl, None], self.row_items[sl]].max(axis=1)
+            np.maximum(self.row_local[sl], self.row_access[sl] + worst, out=out[sl])
+        return out
 
     def objective(self, x: np.ndarray) -> float:
         """T-bar of docs/model.md §latency (seconds per token) for edge placement ``x`` [N, I] bool."""

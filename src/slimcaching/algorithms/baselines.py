@@ -22,12 +22,15 @@ def fill_in_order(problem: Problem, server: int, order: np.ndarray, x: np.ndarra
 def request_scores(problem: Problem) -> np.ndarray:
     """score[n, i] = sum over users homed at n of lambda_u w_{u,m} p_{u,m,l}(e) [e not local]."""
     ni = problem.n_items
-    score = np.zeros((problem.n_servers, ni + 1))
-    rows, cols = np.nonzero(problem.row_items < ni)
-    # users with reach count for their home server (the one that caches for them in LFU)
-    np.add.at(score, (problem.home_server[problem.row_home[rows]], problem.row_items[rows, cols]),
-              problem.row_weight[rows])
-    return score[:, :ni]
+    score = np.zeros(problem.n_servers * ni)
+    for sl in problem.row_chunks():
+        items = problem.row_items[sl]
+        rows, cols = np.nonzero(items < ni)
+        # users with reach count for their home server (the one that caches for them in LFU)
+        server = problem.home_server[problem.row_home[sl][rows]]
+        score += np.bincount(server * ni + items[rows, cols], weights=problem.row_weight[sl][rows],
+                             minlength=problem.n_servers * ni)
+    return score.reshape(problem.n_servers, ni)
 
 
 @register("none", "no edge caching: local caches and the cloud only", rank=6)

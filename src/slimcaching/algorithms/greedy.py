@@ -51,6 +51,20 @@ class _Greedy:
         self.p = problem
         self.blind = blind
         ni = problem.n_items
+        k = np.array([m.top_k for m in problem.scenario.models], float)
+        if blind:
+            # the blind gain of (n, i) depends on the rows of i only through their homes: aggregate
+            # their weights per (home, item) once, so a gain costs O(homes) instead of O(rows of i).
+            # Built over row chunks without the per-entry arrays (5 of [rows x K] at city scale).
+            self.home_weight = np.zeros(problem.n_homes * ni)
+            per_row_w = problem.row_weight / k[problem.row_model]
+            for sl in problem.row_chunks():
+                items = problem.row_items[sl]
+                rows, pos = np.nonzero(items < ni)
+                key = problem.row_home[sl][rows] * ni + items[rows, pos]
+                self.home_weight += np.bincount(key, weights=per_row_w[sl][rows], minlength=problem.n_homes * ni)
+            self.home_weight = self.home_weight.reshape(problem.n_homes, ni)
+            return
         rows, pos = np.nonzero(problem.row_items < ni)
         items = problem.row_items[rows, pos]
         order = np.argsort(items, kind="stable")
@@ -58,21 +72,13 @@ class _Greedy:
         self.indptr = np.searchsorted(self.e_item, np.arange(ni + 1))
         self.e_home = problem.row_home[self.e_row]
         self.e_model = problem.item_model[self.e_item]
-        k = np.array([m.top_k for m in problem.scenario.models], float)
-        self.e_w = problem.row_weight[self.e_row] / (k[self.e_model] if blind else 1.0)
-        if blind:
-            # the blind gain of (n, i) depends on the rows of i only through their homes: aggregate
-            # their weights per (home, item) once, so a gain costs O(homes) instead of O(rows of i)
-            self.home_weight = np.bincount(self.e_home * ni + self.e_item, weights=self.e_w,
-                                           minlength=problem.n_homes * ni).reshape(problem.n_homes, ni)
+        self.e_w = problem.row_weight[self.e_row]
 
     def _entry_gains(self, r: np.ndarray, sl: slice | np.ndarray, n: int) -> np.ndarray:
         p = self.p
         rows, pos, home = self.e_row[sl], self.e_pos[sl], self.e_home[sl]
         v = p.holder_cost[home, n, self.e_model[sl]]
         cur = r[home, self.e_item[sl]]
-        if self.blind:
-            return self.e_w[sl] * np.maximum(cur - v, 0.0)
         rc = r[home[:, None], p.row_items[rows]]
         old = np.maximum(p.row_local[rows], p.row_access[rows] + rc.max(axis=1))
         rc[np.arange(len(rows)), pos] = np.minimum(cur, v)

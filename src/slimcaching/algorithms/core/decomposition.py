@@ -16,6 +16,8 @@ Rows are those of :meth:`Problem.compact` (sorted by model, layer, home).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,29 @@ from slimcaching.problem import Problem
 COMPILED_MIN_ROW_VISITS = 2_000_000  # rows x servers from which the numba kernels are used
 ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (2^K tables too large)
 INF = np.inf
+PARALLEL_MIN_TABLES = 4  # fewer stale tables than this are computed on the calling thread
+_POOL: ThreadPoolExecutor | None = None
+
+
+def table_threads() -> int:
+    """Worker threads for the value tables: ``SLIMCACHING_THREADS``, else the cores this process
+    may use (at most 8)."""
+    env = os.environ.get("SLIMCACHING_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _map_tables(compute, groups: list, compiled: bool) -> list:
+    """``[compute(g) for g in groups]``, on a shared thread pool when the tables run in compiled
+    (GIL-free) kernels and there are enough of them to pay for the hand-off."""
+    global _POOL
+    threads = table_threads()
+    if not compiled or threads == 1 or len(groups) < PARALLEL_MIN_TABLES:
+        return [compute(g) for g in groups]
+    if _POOL is None or _POOL._max_workers != threads:
+        _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slimcaching-table")
+    return list(_POOL.map(compute, groups))
 
 
 @dataclass
@@ -103,8 +128,7 @@ class Decomposition:
         self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.entries: dict[tuple[int, int], _Entry] = {}
         self._local_items: dict[int, np.ndarray] = {}  # per group: its rows' experts as local indices (e: absent)
-        self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {},
-                      "work": 0.0}
+        self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}, "work": 0.0}
 
     # ---- remote costs -----------------------------------------------------------------------
     def _holders(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,7 +138,7 @@ class Decomposition:
             return hit[1:]
         p = self.problem
         lo, e, m = self.g_lo[g], self.g_e[g], self.g_model[g]
-        xs = self.x[:, lo:lo + e]  # [N, E]
+        xs = self.x[:, lo : lo + e]  # [N, E]
         cost = np.where(xs[None, :, :], p.holder_cost[:, :, m][:, :, None], INF)  # [H, N, E]
         arg1 = cost.argmin(axis=1)  # [H, E]
         best1 = np.take_along_axis(cost, arg1[:, None, :], axis=1)[:, 0, :]
@@ -224,13 +248,13 @@ class Decomposition:
         lo, e = int(self.g_lo[g]), int(self.g_e[g])
         lidx = self._local_items.get(g)
         if lidx is None:
-            items = p.row_items[self.g_start[g]:self.g_end[g], :k]
+            items = p.row_items[self.g_start[g] : self.g_end[g], :k]
             lidx = np.ascontiguousarray(np.where(items < p.n_items, items - lo, e), np.int64)
             self._local_items[g] = lidx
         remote = self.remote_without(g, n)
         v_home = np.ascontiguousarray(p.holder_cost[:, n, m])
-        forced = self.force[n, lo:lo + e].copy() if self.force is not None else np.zeros(e, bool)
-        forbidden = self.forbid[n, lo:lo + e].copy() if self.forbid is not None else np.zeros(e, bool)
+        forced = self.force[n, lo : lo + e].copy() if self.force is not None else np.zeros(e, bool)
+        forbidden = self.forbid[n, lo : lo + e].copy() if self.forbid is not None else np.zeros(e, bool)
         candidates, prefix_rows, _, row_form = fast
         args = (lidx, int(self.g_start[g]), self.home_ptr[g], homes, remote, v_home, forced, forbidden, e)
         used, active = candidates(*args)
@@ -242,14 +266,23 @@ class Decomposition:
             if k <= ROW_GROUP_MIN_K:
                 return self._group_problem_numpy(g, n, exact_budget)
             pos, rc, v, rows, spos, coefs = row_form(*args, compact, active, p.row_local, p.row_access, p.row_weight)
-            return RowGroup(lo + np.nonzero(used)[0], pos, rc, v, p.row_local[rows], p.row_access[rows],
-                            p.row_weight[rows], staircase=(spos, coefs))
+            return RowGroup(
+                lo + np.nonzero(used)[0],
+                pos,
+                rc,
+                v,
+                p.row_local[rows],
+                p.row_access[rows],
+                p.row_weight[rows],
+                staircase=(spos, coefs),
+            )
         masks, coefs, _ = prefix_rows(*args, compact, active, p.row_local, p.row_access, p.row_weight)
         return PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
 
     # ---- best response -----------------------------------------------------------------------
-    def best_response(self, n: int, fast: bool, exact_budget: float, beam_width: int,
-                      max_units: int) -> tuple[np.ndarray, float, float, dict]:
+    def best_response(
+        self, n: int, fast: bool, exact_budget: float, beam_width: int, max_units: int
+    ) -> tuple[np.ndarray, float, float, dict]:
         """Best cache of server n given the others: (cache [I] bool, its reduction, the reduction
         of the current cache, per-group chosen counts). Tables are recomputed only for groups
         whose other-server caches changed since they were last computed."""
@@ -258,7 +291,7 @@ class Decomposition:
         if self.force is not None:
             cap = cap - float(self.force[n] @ p.item_size)
         self.dirty[n] = False
-        groups, tables, old_value = [], [], 0.0
+        stale = {}  # group -> inputs of the tables to recompute
         for g in range(len(self.g_start)):
             ent = self.entries.get((n, g))
             inputs = None
@@ -267,33 +300,47 @@ class Decomposition:
                 # seen from the homes n reaches did not change (a change far away often does not)
                 inputs = self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
                 if ent.inputs is not None and np.array_equal(inputs, ent.inputs):
-                    ent = _Entry(int(self.version[g]), ent.table, ent.held_value, ent.inputs)
-                    self.entries[(n, g)] = ent
+                    self.entries[(n, g)] = _Entry(int(self.version[g]), ent.table, ent.held_value, ent.inputs)
+                    continue
             if ent is None or ent.version != self.version[g]:
-                if inputs is None:
-                    inputs = self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
-                gp = self.group_problem(g, n, exact_budget)
-                table, held = None, 0.0
-                if gp is not None:
-                    m = int(self.g_model[g])
-                    size = p.item_size[self.g_lo[g]]
-                    kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
-                    completions = 8 if fast else 32
-                    table = value_table(gp, kmax, exact_budget, beam_width=beam_width,
-                                        completions=completions, kernels=self.kernels)
-                    self.stats["work"] += table_work(gp, kmax, table, beam_width, completions)
-                    if self.move_cost is not None and not isinstance(gp, PrefixGroup):
-                        table = charged_table(table, self.move_cost[n])
-                    method = "exact" if table.exact else table.method
-                    self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
-                    self.stats["groups"] += 1
-                    self.stats["exact_groups"] += int(table.exact)
-                    mask = self.x[n, gp.experts]
-                    held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
-                    if self.move_cost is not None and not isinstance(gp, PrefixGroup):
-                        held -= float(self.move_cost[n, gp.experts[mask]].sum())
-                ent = _Entry(int(self.version[g]), table, held, inputs)
-                self.entries[(n, g)] = ent
+                stale[g] = (
+                    inputs if inputs is not None else self.remote_without(g, n)[self.reach[n, :, self.g_model[g]]]
+                )
+        completions = 8 if fast else 32
+
+        def compute(g: int):
+            gp = self.group_problem(g, n, exact_budget)
+            if gp is None:
+                return None, None
+            m = int(self.g_model[g])
+            size = p.item_size[self.g_lo[g]]
+            kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
+            table = value_table(
+                gp, kmax, exact_budget, beam_width=beam_width, completions=completions, kernels=self.kernels
+            )
+            return gp, (kmax, table)
+
+        # tables are independent and their kernels release the GIL: computed on worker threads,
+        # then recorded in group order, so the result and the statistics do not depend on threads
+        for g, (gp, out) in zip(stale, _map_tables(compute, list(stale), self.kernels is not None)):
+            table, held = None, 0.0
+            if gp is not None:
+                kmax, table = out
+                self.stats["work"] += table_work(gp, kmax, table, beam_width, completions)
+                if self.move_cost is not None and not isinstance(gp, PrefixGroup):
+                    table = charged_table(table, self.move_cost[n])
+                method = "exact" if table.exact else table.method
+                self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
+                self.stats["groups"] += 1
+                self.stats["exact_groups"] += int(table.exact)
+                mask = self.x[n, gp.experts]
+                held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
+                if self.move_cost is not None and not isinstance(gp, PrefixGroup):
+                    held -= float(self.move_cost[n, gp.experts[mask]].sum())
+            self.entries[(n, g)] = _Entry(int(self.version[g]), table, held, stale[g])
+        groups, tables, old_value = [], [], 0.0
+        for g in range(len(self.g_start)):
+            ent = self.entries[(n, g)]
             if ent.table is not None:
                 groups.append(g)
                 tables.append(ent.table)
@@ -336,8 +383,9 @@ class Decomposition:
                 self.entries.pop((n, g), None)
             elif up_to_date:  # n's own table does not depend on n's cache: it stays valid
                 k = counts.get(g, 0)
-                self.entries[(n, g)] = _Entry(self._clock, ent.table, float(ent.table.values[k]) if k else 0.0,
-                                              ent.inputs)
+                self.entries[(n, g)] = _Entry(
+                    self._clock, ent.table, float(ent.table.values[k]) if k else 0.0, ent.inputs
+                )
         if counts is not None:  # groups whose cache did not change keep their held values
             for g, k in counts.items():
                 ent = self.entries.get((n, g))
