@@ -142,7 +142,7 @@ def test_row_groups_agree_with_pattern_tables(monkeypatch):
     problem = _problem(seed=12, servers=2, users=6, experts=6, top_k=3, layers=2, models=1, capacity_experts=6)
     x = problem.empty_placement()
     x[1, ::3] = True  # other holders: some positions are not candidates
-    tables = list(server_groups(problem, x, 0, exact_budget=0.0))
+    tables = list(server_groups(problem, x, 0, exact_budget=0.0, beam_width=16))
     prefix = list(server_groups(problem, x, 0))
     monkeypatch.setattr(dec_mod, "ROW_GROUP_MIN_K", 0)
     rows = list(server_groups(problem, x, 0, exact_budget=0.0))
@@ -480,6 +480,7 @@ def test_tables_on_worker_threads_give_the_single_thread_answer(monkeypatch):
 
     monkeypatch.setattr(dec_mod, "COMPILED_MIN_ROW_VISITS", 0)
     monkeypatch.setattr(dec_mod, "PARALLEL_MIN_TABLES", 1)
+    monkeypatch.setattr(dec_mod, "PARALLEL_MIN_ROWS", 0)
     monkeypatch.setattr(dec_mod, "_POOL", None)
     problem = _problem(seed=5, servers=3, users=12, experts=12, top_k=6, layers=3, models=2, capacity_experts=8)
     out = {}
@@ -491,3 +492,32 @@ def test_tables_on_worker_threads_give_the_single_thread_answer(monkeypatch):
         assert (dec_mod._POOL is None) == (threads == "1")
     assert np.array_equal(out["1"][0], out["2"][0])
     assert out["1"][1] == out["2"][1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), top_k=st.sampled_from([1, 3]))
+def test_modular_tables_are_exact(seed, top_k):
+    """A group whose rows each depend on one candidate (top-1 routing) gets its exact table by a
+    sort: equal to the zeta transform's, and each choice reaches its value; groups where some row
+    gains from two experts together are never taken for modular."""
+    from slimcaching.algorithms.core.values import modular_gains, zeta_table
+
+    problem = _problem(seed=seed, servers=2, users=5, experts=7, top_k=top_k, layers=2, models=1,
+                       capacity_experts=3)
+    x = problem.empty_placement()
+    x[1, ::2] = True
+    seen = 0
+    for _, _, gp in server_groups(problem, x, 0):
+        table, zeta = value_table(gp, gp.n_candidates, 1e12), zeta_table(gp, gp.n_candidates)
+        assert table.exact and np.allclose(table.values, zeta.values, rtol=1e-12, atol=1e-18)
+        if top_k == 1:
+            assert table.method == "modular"
+        if table.method == "modular":
+            seen += 1
+            for k in range(len(table.values)):
+                m = np.isin(gp.experts, table.choice[k])
+                assert m.sum() <= k
+                assert gp.values(m[None, :])[0] == pytest.approx(table.values[k], rel=1e-12, abs=1e-18)
+        else:
+            assert modular_gains(gp) is None
+    assert top_k != 1 or seen > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -175,3 +176,30 @@ def test_lower_bound_says_which_bound_it_computes():
     cert = lower_bound(problem, time_limit=30, progress=said.append)
     assert [s.split(" ")[0] for s in said] == ["storage", "capacity-levels", "LP"]
     assert cert["lower_bound_s"] == lower_bound(problem, time_limit=30)["lower_bound_s"]  # the same bound
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), hub=st.integers(0, 12))
+def test_coverage_upper_bound_is_above_the_best_coverage(seed, hub):
+    """The wide-group table of the capacity-levels bound: at or above the best coverage of every
+    size k (brute force over all subsets), and equal to it when every expert is in the exact part."""
+    from slimcaching.bounds import coverage_upper_bound
+
+    rng = np.random.default_rng(seed)
+    e, k_width, rows = int(rng.integers(3, 10)), int(rng.integers(1, 6)), int(rng.integers(1, 25))
+    k_width = min(k_width, e)
+    sets = np.array([np.sort(rng.choice(e, size=k_width, replace=False)) for _ in range(rows)])
+    valid = rng.random((rows, k_width)) < 0.85
+    gain = rng.random(rows) * (rng.random(rows) < 0.9)
+    kmax = int(rng.integers(0, e + 1))
+    bound = coverage_upper_bound(sets, valid, gain, e, kmax, exact_experts=hub)
+    best = np.zeros(kmax + 1)
+    for mask in itertools.product([False, True], repeat=e):
+        chosen = np.array(mask + (True,))  # index e: an absent position, always "chosen"
+        size = int(np.sum(mask))
+        if size <= kmax:
+            covered = np.all(chosen[np.where(valid, sets, e)], axis=1) & valid.any(axis=1)
+            best[size:] = np.maximum(best[size:], float(gain[covered].sum()))
+    assert np.all(bound >= best - 1e-12)
+    if hub >= e:
+        assert np.allclose(bound, best, rtol=1e-12, atol=1e-12)

@@ -25,7 +25,7 @@ import numpy as np
 from slimcaching.algorithms.core.decomposition import Decomposition
 from slimcaching.algorithms.core.groups import PrefixGroup, prefix_form
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
-from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, value_table
+from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table, zeta_table
 from slimcaching.formulation import build_formulation, solve_lp_bound
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
@@ -113,17 +113,18 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
                 used = np.zeros(e + 1, bool)
                 used[lidx[present]] = True
                 used[e] = False
-                compact = np.cumsum(used) - 1
-                masks, coefs = prefix_form(compact[lidx], present, rc, np.full(len(w), lo_cost), local, access, w)
-                group = PrefixGroup(lo + np.nonzero(used)[0], masks, coefs)
+                n_cand = int(used.sum())
                 size = float(p.item_size[lo])
-                kmax = min(int(np.floor(cap[j - 1] / size + 1e-9)), group.n_candidates)
-                if group.n_candidates <= MAX_ZETA_CANDIDATES:
-                    table = value_table(group, kmax, np.inf)
-                else:  # an upper bound on the table: every row gains as soon as anything is chosen
-                    table = ValueTable(np.array([0.0] + [float(coefs.sum())] * kmax), [], False, "upper bound")
+                kmax = min(int(np.floor(cap[j - 1] / size + 1e-9)), n_cand)
+                if n_cand <= MAX_ZETA_CANDIDATES:
+                    compact = np.cumsum(used) - 1
+                    masks, coefs = prefix_form(compact[lidx], present, rc, np.full(len(w), lo_cost), local, access, w)
+                    values = value_table(PrefixGroup(lo + np.nonzero(used)[0], masks, coefs), kmax, np.inf).values
+                else:  # a row gains only once all its experts are chosen: bound the best coverage
+                    gain = w * (np.maximum(local, access + hi_cost) - np.maximum(local, access + lo_cost))
+                    values = coverage_upper_bound(lidx, present, gain, e, kmax)
                     exact = False
-                tables.append(table.values)
+                tables.append(values)
                 sizes.append(size)
             if tail:
                 break
@@ -135,6 +136,56 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
     bound = (base - reduction) * (1 - SAFETY)
     return {"lower_bound_s": bound, "seconds": time.perf_counter() - t0, "all_tables_exact": exact,
             "levels": levels_used}
+
+
+def coverage_upper_bound(sets: np.ndarray, valid: np.ndarray, gain: np.ndarray, e: int, kmax: int,
+                         exact_experts: int = 20) -> np.ndarray:
+    """Upper bounds U(k) >= max over |Y| <= k of sum_rows gain [row's experts within Y], k = 0..kmax.
+
+    ``sets`` [R, K] expert indices < ``e`` where ``valid``; a row gains ``gain`` (>= 0) only when
+    all its experts are chosen (a densest-k-subhypergraph problem: no exact table beyond a few
+    dozen experts). Rows of more than k experts never count, and the rest are split: rows within
+    the ``exact_experts`` experts H of largest charge are valued exactly (a zeta table over H), the
+    others charge their gain evenly to their experts outside H, so that
+
+        V(k) <= max_{a + b = k} ( V_H(a) + the b largest charges outside H ),
+
+    since any Y covers its rows within H with |Y & H| experts, and every other row it covers has
+    all its experts outside H in Y. The smaller of that and "every row of at most k experts
+    counts" is returned. O(R K + 2^|H| |H| + kmax |H|)."""
+    size = valid.sum(axis=1)
+    keep = (gain > 0) & (size > 0) & (size <= kmax)
+    sets, valid, gain, size = sets[keep], valid[keep], gain[keep], size[keep]
+    out = np.zeros(kmax + 1)
+    if kmax == 0 or len(gain) == 0:
+        return out
+    by_size = np.bincount(size, weights=gain, minlength=kmax + 1)
+    every = np.cumsum(by_size)[: kmax + 1]  # rows of at most k experts
+    charge = np.bincount(sets[valid], weights=np.repeat(gain / size, size), minlength=e)[:e]
+    hub = np.argsort(-charge, kind="stable")[:exact_experts]
+    hub = hub[charge[hub] > 0]
+    in_hub = np.zeros(e + 1, bool)
+    in_hub[hub] = True
+    inside = np.all(in_hub[np.where(valid, sets, e)] | ~valid, axis=1)
+    # exact table of the rows within H
+    idx = np.full(e + 1, 0, np.int64)
+    idx[hub] = np.arange(len(hub))
+    bits = np.where(valid[inside], np.left_shift(np.int64(1), idx[np.where(valid[inside], sets[inside], e)]), 0)
+    masks = np.bitwise_or.reduce(bits, axis=1)[:, None] if len(bits) else np.zeros((0, 1), np.int64)
+    hub_k = min(kmax, len(hub))
+    v_hub = zeta_table(PrefixGroup(hub, masks, gain[inside][:, None]), hub_k).values
+    # charges of the other rows to their experts outside H
+    outer = ~inside
+    out_valid = valid[outer] & ~in_hub[np.where(valid[outer], sets[outer], e)]
+    n_out = out_valid.sum(axis=1)
+    c_out = np.bincount(sets[outer][out_valid], weights=np.repeat(gain[outer] / n_out, n_out), minlength=e)[:e]
+    top = np.concatenate([[0.0], np.cumsum(np.sort(c_out[~in_hub[:e]])[::-1])])
+    top = np.concatenate([top, np.full(max(0, kmax + 1 - len(top)), top[-1])])
+    for k in range(1, kmax + 1):
+        a = np.arange(0, min(k, hub_k) + 1)
+        split = float(np.max(v_hub[a] + top[k - a]))
+        out[k] = min(split, every[k])
+    return np.maximum.accumulate(out)
 
 
 def _units_down(sizes: np.ndarray, capacity: float, capacity_units) -> tuple[np.ndarray, int, bool]:

@@ -35,10 +35,17 @@ from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_siz
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
 from slimcaching.problem import Problem
 
-COMPILED_MIN_ROW_VISITS = 2_000_000  # rows x servers from which the numba kernels are used
-ROW_GROUP_MIN_K = 5  # groups of models with K above this are kept as rows (2^K tables too large)
+# rows x servers from which the numba kernels are used: past a few thousand they beat numpy's
+# per-call overhead (moe-llava-phi2 5 x 50, 2,960: 2.7 -> 1.5 s), below it numba's import does not pay
+COMPILED_MIN_ROW_VISITS = 2_000
+# groups whose table is approximate are kept as rows for the compiled row greedy; pattern tables
+# (2^K per row) and their beam search only for models with K up to this and a beam wider than 1
+ROW_GROUP_MIN_K = 5
 INF = np.inf
 PARALLEL_MIN_TABLES = 4  # fewer stale tables than this are computed on the calling thread
+# nor are tables of fewer rows in all than this: handing small tables to threads costs more than
+# it saves (llama-moe-3.5b-2-8 5 x 50: 1.7 s on one thread, 2.4 s on two)
+PARALLEL_MIN_ROWS = 50_000
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -51,12 +58,12 @@ def table_threads() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _map_tables(compute, groups: list, compiled: bool) -> list:
+def _map_tables(compute, groups: list, compiled: bool, rows: int = PARALLEL_MIN_ROWS) -> list:
     """``[compute(g) for g in groups]``, on a shared thread pool when the tables run in compiled
-    (GIL-free) kernels and there are enough of them to pay for the hand-off."""
+    (GIL-free) kernels and there are enough of them (``rows`` in all) to pay for the hand-off."""
     global _POOL
     threads = table_threads()
-    if not compiled or threads == 1 or len(groups) < PARALLEL_MIN_TABLES:
+    if not compiled or threads == 1 or len(groups) < PARALLEL_MIN_TABLES or rows < PARALLEL_MIN_ROWS:
         return [compute(g) for g in groups]
     if _POOL is None or _POOL._max_workers != threads:
         _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slimcaching-table")
@@ -125,6 +132,7 @@ class Decomposition:
         self.force: np.ndarray | None = None  # [N, I] bool: items a server must keep (kicks)
         self.forbid: np.ndarray | None = None  # [N, I] bool: items a server may not take (kicks)
         self.dirty = np.ones(ns, bool)  # False: nothing n's best response depends on changed since
+        self.beam_width = 1  # of the best response being computed: > 1 keeps K <= ROW_GROUP_MIN_K as patterns
         self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.entries: dict[tuple[int, int], _Entry] = {}
         self._local_items: dict[int, np.ndarray] = {}  # per group: its rows' experts as local indices (e: absent)
@@ -226,7 +234,7 @@ class Decomposition:
             compact = np.cumsum(used) - 1  # candidate index of each used expert of the group
             masks, coefs = prefix_form(compact[local_idx], cand, rc, v, local, access, w)
             return PrefixGroup(lo + np.nonzero(used[:e])[0], masks, coefs)
-        if k > ROW_GROUP_MIN_K:
+        if k > ROW_GROUP_MIN_K or self.beam_width <= 1:
             return build_row_group(items, cand, rc, v, local, access, w)
         bits = pattern_bits(k)
         old = np.maximum(local, access + rc.max(axis=1))
@@ -263,7 +271,7 @@ class Decomposition:
         n_cand = int(used.sum())
         compact = np.cumsum(used) - 1
         if n_cand > MAX_ZETA_CANDIDATES or (2.0**n_cand) * (n_cand + 1) + active * (k + 1) > exact_budget:
-            if k <= ROW_GROUP_MIN_K:
+            if k <= ROW_GROUP_MIN_K and self.beam_width > 1:
                 return self._group_problem_numpy(g, n, exact_budget)
             pos, rc, v, rows, spos, coefs = row_form(*args, compact, active, p.row_local, p.row_access, p.row_weight)
             return RowGroup(
@@ -291,6 +299,7 @@ class Decomposition:
         if self.force is not None:
             cap = cap - float(self.force[n] @ p.item_size)
         self.dirty[n] = False
+        self.beam_width = beam_width
         stale = {}  # group -> inputs of the tables to recompute
         for g in range(len(self.g_start)):
             ent = self.entries.get((n, g))
@@ -322,7 +331,8 @@ class Decomposition:
 
         # tables are independent and their kernels release the GIL: computed on worker threads,
         # then recorded in group order, so the result and the statistics do not depend on threads
-        for g, (gp, out) in zip(stale, _map_tables(compute, list(stale), self.kernels is not None)):
+        rows = int(sum(self.g_end[g] - self.g_start[g] for g in stale))
+        for g, (gp, out) in zip(stale, _map_tables(compute, list(stale), self.kernels is not None, rows)):
             table, held = None, 0.0
             if gp is not None:
                 kmax, table = out

@@ -131,7 +131,7 @@ class ValueTable:
     """V_g(k) for k = 0..kmax with the chosen candidate mask per k, and whether it is exact."""
 
     values: np.ndarray  # [kmax+1], non-decreasing, values[0] == 0
-    choice: list[np.ndarray]  # choice[k]: global item ids achieving values[k] (|choice[k]| <= k)
+    choice: list[np.ndarray] | TopChoices  # choice[k]: global item ids achieving values[k] (|choice[k]| <= k)
     exact: bool
     method: str = "exact"
 
@@ -150,6 +150,9 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
     kmax = min(kmax, e)
     if e == 0 or kmax == 0:
         return ValueTable(np.zeros(1), [np.zeros(0, np.int64)], True)
+    single = modular_gains(group)
+    if single is not None:
+        return modular_table(group, single, kmax)
     if e <= MAX_ZETA_CANDIDATES and zeta_work(group) <= exact_budget:
         return zeta_table(group, kmax, kernels)
     if isinstance(group, PrefixGroup):
@@ -161,6 +164,61 @@ def value_table(group: GroupProblem, kmax: int, exact_budget: float, beam_width:
     if beam_width > 1 and beam_work <= beam_budget:
         return _beam_table(group, kmax, beam_width, completions)
     return _greedy_table(group, kmax, completions)
+
+
+def modular_gains(group: GroupProblem | RowGroup | PrefixGroup) -> np.ndarray | None:
+    """Each candidate's gain when the group's value is *modular* (every row's reduction depends on
+    one candidate alone, as with top-1 routing, or where a server can improve one expert per row),
+    else None. A modular value is the sum of its experts' gains, so its exact table is a sort."""
+    e = group.n_candidates
+    if isinstance(group, GroupProblem):
+        valid = group.keys < e
+        if len(valid) and valid.sum(axis=1).max() > 1:
+            return None
+        rows, at = np.nonzero(valid)
+        return np.bincount(group.keys[rows, at], weights=group.gains[rows, 1 << at], minlength=e)[:e]
+    if isinstance(group, PrefixGroup):
+        if group.coefs[:, 1:].any():
+            return None
+        first = group.masks[:, 0]
+        ok = (first != 0) & (group.coefs[:, 0] != 0)
+        if (first[ok] & (first[ok] - 1)).any():  # a coefficient on two or more experts together
+            return None
+        at = np.log2(first[ok]).round().astype(np.int64)  # the prefix of length one is a single bit
+        return np.bincount(at, weights=group.coefs[ok, 0], minlength=e)[:e]
+    spos, coefs = group.sorted_prefix()
+    if coefs[:, 1:].any():
+        return None
+    return np.bincount(spos[:, 0], weights=coefs[:, 0], minlength=e + 1)[:e]
+
+
+def modular_table(group: GroupProblem | RowGroup | PrefixGroup, single: np.ndarray, kmax: int) -> ValueTable:
+    """The exact table of a modular group (:func:`modular_gains`): its k best experts (those that
+    gain, ties by candidate index). O(E' log E') for any E'."""
+    order = np.argsort(-single, kind="stable")[:kmax]
+    gains = single[order]
+    useful = int(np.count_nonzero(gains > 1e-18))
+    order, gains = order[:useful], gains[:useful]
+    values = np.concatenate([[0.0], np.cumsum(gains), np.full(kmax - useful, gains.sum())])
+    return ValueTable(values, TopChoices(group.experts[order], kmax + 1), True, "modular")
+
+
+class TopChoices:
+    """``choice[k]`` of a table whose choices are nested: the first k of ``ranked`` (all of them
+    past its end), without materialising kmax + 1 arrays."""
+
+    def __init__(self, ranked: np.ndarray, length: int | None = None):
+        self.ranked = ranked
+        self.length = length
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.ranked[: max(0, int(k))]
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+    def __len__(self) -> int:
+        return self.length if self.length is not None else len(self.ranked) + 1
 
 
 MAX_ZETA_CANDIDATES = 22  # 2^22 subsets: 32 MB of float64 per table being built
@@ -176,9 +234,11 @@ def table_work(group: GroupProblem | RowGroup | PrefixGroup, kmax: int, table: V
     never touch), plus the fixed cost of any table."""
     e = group.n_candidates
     kmax = min(kmax, e)
+    rows, k = _rows_and_width(group)
+    if table.method == "modular":
+        return TABLE_OVERHEAD + rows * k + e * np.log2(e + 1)
     if table.exact:
         return TABLE_OVERHEAD + (zeta_work(group) if e and kmax else 0.0)
-    rows, k = _rows_and_width(group)
     # the factors make the estimates about nanoseconds (fitted on top-4 and top-8 presets at 5 x 50:
     # a row-greedy table costs ~30 ns per row and K(K+1), a pattern greedy ~0.35 ns per cell, a
     # beam ~1 ns)
