@@ -8,7 +8,8 @@ servers) and against servers (at 100 users per server).
 Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcaching,slimcaching-fast]
      [--models qwen3-30b-a3b --models-per-user 1] [--json OUT]
      python benchmarks/bench_scale.py --shapes --sizes 5x50   # model shape: one preset per run
-         (top-2 of 8, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model per user
+         (top-2 of 8, top-4 of 16, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model
+         per user, with the fitted exponent of solve time per MoE layer in E over the top-8 ones
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
 """
 
@@ -24,7 +25,7 @@ import time
 import numpy as np
 from _fit import slope, write_results
 
-SHAPES = ("mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
+SHAPES = ("mixtral-8x7b", "llama-moe-3.5b-4-16", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
 
 
 def one(size: str, algo: str, models: str = "", models_per_user: int = 2) -> dict:
@@ -100,6 +101,20 @@ def main() -> None:
               f"passes {row['passes']}",
               flush=True)
     fits = {}
+    if args.shapes:  # time per MoE layer against E over the top-8 shapes, per size
+        from slimcaching.presets import resolve_preset
+
+        for algo in args.algos.split(","):
+            for size in args.sizes.split(","):
+                pts = []
+                for r in rows:
+                    arch = resolve_preset(r["models"])
+                    if r["algorithm"] == algo and r["size"] == size and arch["top_k"] == 8:
+                        pts.append((arch["experts"], r["solve_s"] / arch["layers"]))
+                if len(pts) >= 3:
+                    fits[f"{algo} per layer vs E (top-8, {size})"] = slope(*zip(*pts))
+                    print(f"fitted exponent {algo} per MoE layer vs E (top-8, {size}): "
+                          f"{fits[f'{algo} per layer vs E (top-8, {size})']:.2f}")
     for algo in args.algos.split(","):
         mine = [r for r in rows if r["algorithm"] == algo and r["models"] == rows[0]["models"]]
         users = [(r["users"], r["solve_s"]) for r in mine if r["servers"] == 5]  # users at 5 servers

@@ -114,9 +114,16 @@ class _Greedy:
         # version[i] counts the changes of r[:, i], the only input of a blind gain of item i: an
         # entry pushed at the current version has an exact ratio and need not be recomputed
         version = np.zeros(p.n_items, np.int64)
-        heap = [(-gains[n, i] / size[i], n, i, 0) for n in range(p.n_servers) for i in range(p.n_items)
-                if not x[n, i] and size[i] <= free[n] * (1 + 1e-12)]
-        heapq.heapify(heap)
+        # all entries pushed in heap order at once (the same pops as pushing each: no two entries
+        # compare equal); blind gains only fall as caches grow, so entries without one are left
+        # out (they would be popped and dropped); true gains at K >= 2 can rise, so all stay
+        ratio = -gains / size[None, :]
+        ok = ~x & (size[None, :] <= free[:, None] * (1 + 1e-12)) & ((gains > 0) | (not self.blind))
+        ns, items = np.nonzero(ok)
+        keys = ratio[ns, items]
+        order = np.lexsort((items, ns, keys))
+        heap = list(zip(keys[order].tolist(), ns[order].tolist(), items[order].tolist(),
+                        itertools.repeat(0, len(order))))
         while heap:
             neg, n, i, seen = heapq.heappop(heap)
             if x[n, i] or size[i] > free[n] * (1 + 1e-12):

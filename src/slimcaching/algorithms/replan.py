@@ -168,8 +168,9 @@ def replan(problem: Problem, x_old: np.ndarray, horizon: float, budget: float | 
         def plan(price: float) -> np.ndarray:
             cost = (costs.impact + price * costs.bytes[None, :]) / horizon
             cost = np.where(old, 0.0, cost)
-            # slimcaching's and slimcaching-fast's defaults (beam, polish and work budgets)
-            pl = successive_decomposition(problem, fast, "rate", 50, 2e8, 1 if fast else 16, 60000, 5e7,
+            # slimcaching's and slimcaching-fast's defaults (row greedy beyond the exact tables,
+            # polish and work budgets)
+            pl = successive_decomposition(problem, fast, "rate", 50, 2e8, 1, 60000, 5e7,
                                           5e7 if fast else 1e10, "", initial=start, move_cost=cost,
                                           extra_starts={"scratch": scratch})
             return keep_old(problem, pl.x, old)
