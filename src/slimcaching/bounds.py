@@ -151,8 +151,10 @@ def coverage_upper_bound(sets: np.ndarray, valid: np.ndarray, gain: np.ndarray, 
         V(k) <= max_{a + b = k} ( V_H(a) + the b largest charges outside H ),
 
     since any Y covers its rows within H with |Y & H| experts, and every other row it covers has
-    all its experts outside H in Y. The smaller of that and "every row of at most k experts
-    counts" is returned. O(R K + 2^|H| |H| + kmax |H|)."""
+    all its experts outside H in Y. An expert's charge from rows of two or more experts is capped
+    by the k - 1 largest of its pair charges (a covered row's other experts are among Y's other
+    k - 1). The smaller of that and "every row of at most k experts counts" is returned.
+    O(R K^2 + E^2 log E + 2^|H| |H| + kmax E log E)."""
     size = valid.sum(axis=1)
     keep = (gain > 0) & (size > 0) & (size <= kmax)
     sets, valid, gain, size = sets[keep], valid[keep], gain[keep], size[keep]
@@ -174,16 +176,34 @@ def coverage_upper_bound(sets: np.ndarray, valid: np.ndarray, gain: np.ndarray, 
     masks = np.bitwise_or.reduce(bits, axis=1)[:, None] if len(bits) else np.zeros((0, 1), np.int64)
     hub_k = min(kmax, len(hub))
     v_hub = zeta_table(PrefixGroup(hub, masks, gain[inside][:, None]), hub_k).values
-    # charges of the other rows to their experts outside H
+    # charges of the other rows to their experts outside H; a row of r >= 2 experts covered by Y
+    # has its other r - 1 experts among Y's other k - 1, so expert x's charge from such rows is at
+    # most the k - 1 largest of pair[x, y] (each row's charge to x split evenly over its others)
     outer = ~inside
-    out_valid = valid[outer] & ~in_hub[np.where(valid[outer], sets[outer], e)]
+    o_sets, o_valid, o_gain, o_size = sets[outer], valid[outer], gain[outer], size[outer]
+    out_valid = o_valid & ~in_hub[np.where(o_valid, o_sets, e)]
     n_out = out_valid.sum(axis=1)
-    c_out = np.bincount(sets[outer][out_valid], weights=np.repeat(gain[outer] / n_out, n_out), minlength=e)[:e]
-    top = np.concatenate([[0.0], np.cumsum(np.sort(c_out[~in_hub[:e]])[::-1])])
-    top = np.concatenate([top, np.full(max(0, kmax + 1 - len(top)), top[-1])])
+    share = o_gain / n_out
+    lone = o_size == 1
+    single = np.bincount(o_sets[lone][out_valid[lone]], weights=share[lone], minlength=e)[:e]
+    multi = np.bincount(o_sets[~lone][out_valid[~lone]], weights=np.repeat(share[~lone], n_out[~lone]),
+                        minlength=e)[:e]
+    k_width = sets.shape[1]
+    both = out_valid[:, :, None] & o_valid[:, None, :] & ~np.eye(k_width, dtype=bool)[None, :, :]
+    both &= ~lone[:, None, None]
+    r_of, x_at, y_at = np.nonzero(both)
+    pair_w = share[r_of] / np.maximum(o_size[r_of] - 1, 1)
+    pair = np.bincount(o_sets[r_of, x_at] * e + o_sets[r_of, y_at], weights=pair_w, minlength=e * e).reshape(e, e)
+    pair_top = np.zeros((e, kmax + 1))  # pair_top[x, j]: the j largest of pair[x, :]
+    width = min(kmax, e)
+    pair_top[:, 1 : width + 1] = np.cumsum(-np.sort(-pair, axis=1)[:, :width], axis=1)
+    pair_top[:, width + 1 :] = pair_top[:, width : width + 1]
+    outside = ~in_hub[:e]
     for k in range(1, kmax + 1):
+        charge_k = single + np.minimum(multi, pair_top[:, k - 1])
+        top = np.concatenate([[0.0], np.cumsum(-np.sort(-charge_k[outside]))])
         a = np.arange(0, min(k, hub_k) + 1)
-        split = float(np.max(v_hub[a] + top[k - a]))
+        split = float(np.max(v_hub[a] + top[np.minimum(k - a, len(top) - 1)]))
         out[k] = min(split, every[k])
     return np.maximum.accumulate(out)
 

@@ -345,8 +345,15 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
         if name not in BASELINE_STARTS:
             raise ScenarioError("starts", f"expected names among {', '.join(BASELINE_STARTS)}", name)
 
+    seen: dict[bytes, float] = {}  # the last few placements' objectives: starts compare the same ones again
+
     def objective(x: np.ndarray) -> float:
-        return problem.objective(x) + (float(move_cost[x].sum()) if move_cost is not None else 0.0)
+        key = x.tobytes()
+        if key not in seen:
+            if len(seen) >= 8:
+                seen.pop(next(iter(seen)))
+            seen[key] = problem.objective(x) + (float(move_cost[x].sum()) if move_cost is not None else 0.0)
+        return seen[key]
 
     def decomposition(x0: np.ndarray | None) -> Decomposition:
         d = Decomposition(problem, x0)
