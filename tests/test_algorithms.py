@@ -521,3 +521,15 @@ def test_modular_tables_are_exact(seed, top_k):
         else:
             assert modular_gains(gp) is None
     assert top_k != 1 or seen > 0
+
+
+def test_approximate_tables_row_greedy_by_default_beam_on_request():
+    """Beyond the exact tables slimcaching uses the row greedy at every K; ``beam_width`` > 1 asks
+    for the beam search over pattern tables (top-K <= 5) instead."""
+    problem = _problem(seed=4, servers=2, users=6, experts=8, top_k=3, layers=2, models=1, capacity_experts=4)
+    rows = solve(problem, "slimcaching", {"exact_budget": 1e-6, "starts": "", "polish": 0})
+    beam = solve(problem, "slimcaching", {"exact_budget": 1e-6, "starts": "", "polish": 0, "beam_width": 16})
+    assert "row-greedy" in rows.params["value_tables"] and "beam" not in rows.params["value_tables"]
+    assert "beam(width=16)" in beam.params["value_tables"]
+    for pl in (rows, beam):
+        assert problem.feasible(pl.x) and problem.objective(pl.x) <= problem.objective(problem.empty_placement())

@@ -114,25 +114,33 @@ class _Greedy:
         # version[i] counts the changes of r[:, i], the only input of a blind gain of item i: an
         # entry pushed at the current version has an exact ratio and need not be recomputed
         version = np.zeros(p.n_items, np.int64)
-        # all entries pushed in heap order at once (the same pops as pushing each: no two entries
-        # compare equal); blind gains only fall as caches grow, so entries without one are left
-        # out (they would be popped and dropped); true gains at K >= 2 can rise, so all stay
-        ratio = -gains / size[None, :]
+        # the initial entries as a stream sorted in heap order, merged with a heap of the entries
+        # pushed back: the same pops as one heap of all (no two entries compare equal), without
+        # building a tuple per (server, item) when only the best few thousand are ever reached.
+        # Blind gains only fall as caches grow, so entries without one are left out (they would be
+        # popped and dropped); true gains at K >= 2 can rise, so all stay
         ok = ~x & (size[None, :] <= free[:, None] * (1 + 1e-12)) & ((gains > 0) | (not self.blind))
         ns, items = np.nonzero(ok)
-        keys = ratio[ns, items]
-        order = np.lexsort((items, ns, keys))
-        heap = list(zip(keys[order].tolist(), ns[order].tolist(), items[order].tolist(),
-                        itertools.repeat(0, len(order))))
-        while heap:
-            neg, n, i, seen = heapq.heappop(heap)
+        stream = _SortedEntries(-gains[ns, items] / size[items], ns, items)
+        heap: list = []
+        while True:
+            head = stream.head()
+            if heap and (head is None or heap[0] < head):
+                neg, n, i, seen = heapq.heappop(heap)
+            elif head is not None:
+                neg, n, i, seen = stream.pop()
+            else:
+                break
             if x[n, i] or size[i] > free[n] * (1 + 1e-12):
                 continue
             g = -neg * size[i] if self.blind and seen == version[i] else self.gain(r, n, i)
             if g <= 0:
                 continue
             ratio = g / size[i]
-            if heap and ratio < -heap[0][0] - 1e-15 * max(1.0, ratio):
+            head = stream.head()
+            top = min(heap[0][0], head[0]) if heap and head is not None else (
+                heap[0][0] if heap else (head[0] if head is not None else None))
+            if top is not None and ratio < -top - 1e-15 * max(1.0, ratio):
                 heapq.heappush(heap, (-ratio, n, i, version[i]))
                 continue
             x[n, i] = True
@@ -141,6 +149,45 @@ class _Greedy:
             r[:, i] = np.minimum(r[:, i], p.holder_cost[:, n, m])
             version[i] += 1
         return x
+
+
+class _SortedEntries:
+    """Heap entries ``(key, n, i, 0)`` in ascending tuple order, sorted a chunk at a time: the
+    smallest keys (all ties of the chunk's largest key included, so that (n, i) order their ties)
+    are sorted when reached, the rest only if the greedy gets that far."""
+
+    CHUNK = 4096
+
+    def __init__(self, keys: np.ndarray, ns: np.ndarray, items: np.ndarray):
+        self.rest = (keys, ns, items)
+        self.keys: list = []
+        self.pos = 0
+
+    def _refill(self) -> None:
+        keys, ns, items = self.rest
+        if len(keys) > self.CHUNK:
+            kth = np.partition(keys, self.CHUNK - 1)[self.CHUNK - 1]
+            take = keys <= kth
+            self.rest = (keys[~take], ns[~take], items[~take])
+            keys, ns, items = keys[take], ns[take], items[take]
+        else:
+            self.rest = (keys[:0], ns[:0], items[:0])
+        order = np.lexsort((items, ns, keys))
+        self.keys, self.ns, self.items = keys[order].tolist(), ns[order].tolist(), items[order].tolist()
+        self.pos = 0
+
+    def head(self) -> tuple | None:
+        if self.pos >= len(self.keys):
+            if not len(self.rest[0]):
+                return None
+            self._refill()
+        k = self.pos
+        return self.keys[k], self.ns[k], self.items[k], 0
+
+    def pop(self) -> tuple:
+        out = self.head()
+        self.pos += 1
+        return out
 
 
 def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Placement:
