@@ -180,9 +180,13 @@ def test_cli_small_contracts(tmp_path, capsys):
     assert "switch-base-256" in table and "…" not in table
     sc = tmp_path / "sc.json"
     sc.write_text(json.dumps(__import__("hostile_cases").BASE))
-    assert main(["solve", str(sc), "-a", "lfu"]) == 0
+    assert main(["solve", str(sc), "-a", "lfu", "--json"]) == 0
     text = capsys.readouterr().out
     assert len(text.strip().splitlines()) == 1 and json.loads(text)["format"] == "slimcaching/placement@1"
+    assert main(["solve", str(sc), "-a", "lfu"]) == 0  # without -o or --json: a summary for a person
+    text = capsys.readouterr().out
+    assert text.startswith("lfu: mean token latency") and "reduction against no edge caching" in text
+    assert "not written: -o FILE" in text and "{" not in text
     assert main(["solve", str(sc), "-a", "exact", "-p", "relax=true", "-o", str(tmp_path / "lp.json")]) == 0
     assert "lower bound" in capsys.readouterr().err
 
@@ -216,3 +220,54 @@ def test_every_option_has_help_text():
 
     walk(get_command(app), [])
     assert not missing
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args,after", [(["--bound"], 1.0), (["-a", "exact", "-p", "relax=true"], 8.0)],
+                         ids=["bound-at-1s", "lp-at-8s"])
+def test_ctrl_c_stops_a_long_solve(tmp_path, args, after):
+    """Ctrl-C reaches a solve wherever it is: still importing (1 s in on a busy machine), in the
+    planner, or inside HiGHS's interior point (the LP of ``exact -p relax=true`` runs ~30 s): exit
+    130, "interrupted", no output file, no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "p.json"
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slimcaching", "solve", "default", *args, "-o", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=fh)
+    time.sleep(after)
+    assert p.poll() is None, err.read_text()[-2000:]
+    t0 = time.time()
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("no exit 30 s after Ctrl-C; stderr: " + err.read_text()[-2000:])
+    took = time.time() - t0
+    text = err.read_text()
+    assert p.returncode == 130 and "interrupted" in text and "Traceback" not in text, text[-2000:]
+    assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
+    assert took < 10, took  # ~0.2-0.8 s measured on an idle 2-core machine; generous for a loaded one
+
+
+def test_sizes_and_times_on_the_command_line_need_units(tmp_path, capsys):
+    """``--capacity 2.5`` meant gigabytes, not bytes: refused with the spelling that works; a
+    file's bare numbers stay SI; implausible storage warns once for a fleet of equal servers."""
+    from slimcaching.cli import main
+
+    out = tmp_path / "s.yaml"
+    for flag, value, hint in (("--capacity", "2.5", "'2.5 GB'"), ("--access-rtt", "5", "'5 ms'"),
+                              ("--uplink", "50", "'50 Mbit/s'")):
+        assert main(["scenario", "new", "-o", str(out), flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flag}: needs a unit: write e.g. {hint}") and not out.exists(), err
+    assert main(["scenario", "new", "-o", str(out), "--capacity", "2500 TB"]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(out)]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "capacity_bytes" in ln]
+    assert lines == ["warning: servers[0].capacity_bytes (and 4 more servers): 2.5e+15 bytes is over 1 PB"], lines

@@ -275,6 +275,23 @@ def _highs(f: Formulation, integer: bool, time_limit: float, options: dict):
     return h
 
 
+def _run(h) -> None:
+    """``h.run()`` on HiGHS's own solver thread, so that Ctrl-C reaches us while it works: the
+    main thread waits in short steps, and on KeyboardInterrupt asks HiGHS to stop at its next
+    interrupt check (simplex, interior point and branch-and-bound each poll it), waits for that,
+    and re-raises."""
+    h.HandleUserInterrupt = True
+    h.startSolve()
+    try:
+        while not h.wait(0.05)[0]:
+            pass
+    except KeyboardInterrupt:
+        h.cancelSolve()
+        while not h.wait(0.05)[0]:
+            pass
+        raise
+
+
 def _status(h) -> str:
     text = h.modelStatusToString(h.getModelStatus()).lower()
     return {"time limit reached": "time_limit"}.get(text, text.replace(" ", "_"))
@@ -290,7 +307,7 @@ def solve_lp_bound(f: Formulation, time_limit: float = 600.0) -> HighsResult:
     # presolve returned a wrong "optimal" value whose duals gave a bound 10% loose (50 x 5,000); with
     # capacity rows it agreed, and off costs nothing here (default scenario: 51 s either way)
     h = _highs(f, False, time_limit, {"solver": "ipm", "run_crossover": "off", "presolve": "off"})
-    h.run()
+    _run(h)
     status = _status(h)
     sol = h.getSolution()
     bound = None
@@ -314,7 +331,7 @@ def solve_milp(f: Formulation, time_limit: float, mip_rel_gap: float, warm: np.n
         sol.col_value = list(warm)
         sol.value_valid = True
         h.setSolution(sol)
-    h.run()
+    _run(h)
     status = _status(h)
     info = h.getInfo()
     sol = h.getSolution()

@@ -80,6 +80,23 @@ def _parse_string(value: str, kind: str) -> float:
     return _parse(value, kind, "value")
 
 
+# the unit a bare number on the command line most likely meant, for the message that refuses it
+LIKELY_UNIT = {"bytes": "GB", "bits_per_s": "Mbit/s", "seconds": "ms", "flop": "GFLOP", "flops_per_s": "TFLOPS",
+               "bytes_per_s": "GB/s", "per_s": "tokens/s"}
+
+
+def parse_flag_quantity(value: str, kind: str, flag: str) -> float:
+    """A quantity given as a command-line option: as :func:`parse_quantity`, except that a number
+    without a unit (other than 0) is refused with the spelling that works. In a file a bare number
+    is SI (canonical files are written so); typed on a command line, ``--capacity 2.5`` meant
+    gigabytes, not 2.5 bytes."""
+    m = _NUMBER_UNIT.match(value) if isinstance(value, str) else None
+    if m and not m.group(2) and float(m.group(1)) != 0:
+        raise ScenarioError(flag, f"needs a unit: write e.g. '{m.group(1)} {LIKELY_UNIT[kind]}' "
+                            f"(units: {EXAMPLES[kind]})", value)
+    return parse_quantity(value, kind, flag)
+
+
 def parse_quantity(value: object, kind: str, field: str = "value") -> float:
     """See :func:`_parse`; strings are cached (a big scenario repeats the same few thousand times)."""
     if isinstance(value, str):

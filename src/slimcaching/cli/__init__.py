@@ -102,6 +102,17 @@ def _aliases(argv: list[str]) -> list[str]:
     return argv
 
 
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the causes of ``exc`` (a few links deep)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
     (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
@@ -110,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
+            if rv == 130:  # typer's answer to Ctrl-C (Exit(130)), which it does not announce
+                console.print("interrupted")
             return rv
     except NoArgsIsHelpError as exc:
         console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
@@ -118,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
         return 2
     except Exit as exc:
+        if exc.exit_code == 130 and _from_ctrl_c(exc):  # typer turns Ctrl-C into Exit(130), silently
+            console.print("interrupted")
         return exc.exit_code
     except Abort:
         console.print("interrupted")
@@ -134,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/] internal: {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except SystemError as exc:  # Ctrl-C inside a compiled (numba) call surfaces as SystemError from it
+        if not _from_ctrl_c(exc):
+            raise
         console.print("interrupted")
         return 130
     except ModuleNotFoundError as exc:

@@ -28,7 +28,7 @@ app = typer.Typer()  # its commands are registered on the main app by slimcachin
 @app.command()
 def experiment(
     name: Annotated[str, typer.Argument(help="Experiment name or 'all'.")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("results"),
+    out_dir: Annotated[Path, typer.Option("-o", "--out", "--output", help="Output directory.")] = Path("results"),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per point.")] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="Small smoke version (CI).")] = False,
     backend: Annotated[str, typer.Option(help="serial, process or ray.")] = "process",

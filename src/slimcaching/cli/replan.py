@@ -15,7 +15,7 @@ from slimcaching.fileio import atomic_write, check_target
 from slimcaching.migration import migration_summary, move_costs, staged_gain
 from slimcaching.placement import load_placement
 from slimcaching.problem import build_problem
-from slimcaching.units import format_bytes, parse_quantity
+from slimcaching.units import format_bytes, parse_flag_quantity
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -44,10 +44,10 @@ def replan_cmd(
     (docs/model.md, "Migration and re-planning"); the new file is an ordinary placement."""
     if algorithm not in ALGORITHMS:
         raise ScenarioError("--algorithm", f"replan supports {', '.join(ALGORITHMS)}", algorithm)
-    cap = None if budget is None else parse_quantity(budget, "bytes", "--budget")
+    cap = None if budget is None else parse_flag_quantity(budget, "bytes", "--budget")
     if cap is not None and cap < 0:
         raise ScenarioError("--budget", "must be >= 0 bytes", budget)
-    chunk_bytes = parse_quantity(chunk, "bytes", "--chunk")
+    chunk_bytes = parse_flag_quantity(chunk, "bytes", "--chunk")
     if not (chunk_bytes >= 0 and chunk_bytes < float("inf")):
         raise ScenarioError("--chunk", "must be a size >= 0 bytes", chunk)
     chunk_bytes = chunk_bytes or None  # 0: moves hold their links

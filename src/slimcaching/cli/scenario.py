@@ -13,7 +13,7 @@ from slimcaching.fileio import atomic_write, check_target, data_file_text
 from slimcaching.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.limits import check
 from slimcaching.scenario import ScenarioErrors, canonical_json, resolve_scenario
-from slimcaching.units import parse_quantity
+from slimcaching.units import parse_flag_quantity
 
 app = typer.Typer()  # commands registered on the main app by slimcaching.cli
 scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
@@ -76,7 +76,7 @@ def scenario_new(
                               ("--downlink", downlink, "bits_per_s"), ("--link-rate", link_rate, "bits_per_s"),
                               ("--backhaul", backhaul, "bits_per_s"), ("--local-cache", local_cache, "bytes"),
                               ("--access-rtt", access_rtt, "seconds")):
-        parse_quantity(value, kind, flag)
+        parse_flag_quantity(value, kind, flag)
     opts = GeneratorOptions(servers=servers, users=users,
                             models=tuple(m.strip() for m in models.split(",") if m.strip()),
                             models_per_user=models_per_user, capacity=capacity, uplink=uplink,

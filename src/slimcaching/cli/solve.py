@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -30,6 +31,7 @@ from slimcaching.evaluation import placement_latency
 from slimcaching.fileio import atomic_write, check_target
 from slimcaching.problem import build_problem
 from slimcaching.reporting import exact_note, solve_summary
+from slimcaching.units import format_bytes
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -54,8 +56,11 @@ def solve_cmd(
     bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for --bound (the LP gets "
                                                     "what the fast bounds leave); past it the best fast bound "
                                                     "is used.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="The placement as one JSON line on stdout (for pipes) "
+                                          "instead of the summary, when no -o is given.")] = False,
 ) -> None:
-    """Compute a placement with one algorithm and write it as JSON."""
+    """Compute a placement with one algorithm: a short summary (latency, reduction, storage used per
+    server), the placement file with -o, or the placement as JSON on stdout with --json."""
     spec = get_algorithm(algorithm)
     params = parse_params(param)
     if time_limit is not None:
@@ -99,12 +104,33 @@ def solve_cmd(
 
             summary += certify(problem, placement, latency, bound_time_limit, step)
     data = placement.to_dict(problem, latency)
-    if output is None:
+    if output is None and as_json:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
         console.print(summary)
+    elif output is None:
+        _print_summary(problem, placement, latency, summary)
     else:
         atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
         console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
+
+
+def _print_summary(problem, placement, latency: float, summary: str) -> None:
+    """What a person asked ``solve`` for, on stdout: the latency, the reduction against no edge
+    caching, and where the experts went (bytes and experts per server)."""
+    none = problem.objective(problem.empty_placement())
+    out.print(f"{summary}, solved in {placement.solve_seconds:.2f} s", highlight=False)
+    if none > 0 and placement.latency_model != "hybrid":
+        out.print(f"reduction against no edge caching: {(1 - latency / none) * 100:.1f}% "
+                  f"({none * 1e3:.3f} ms without)", highlight=False)
+    used = problem.check_capacity(placement.x, placement.dense)
+    t = table("server", "used", "of", "experts", "dense parts")
+    for n, name in enumerate(problem.server_names):
+        dense = (", ".join(problem.scenario.models[m].name for m in np.nonzero(placement.dense[n])[0])
+                 if placement.dense is not None else "")
+        t.add_row(name, format_bytes(used[n]), format_bytes(problem.capacity[n]), str(int(placement.x[n].sum())),
+                  dense or "-")
+    out.print(t)
+    out.print("not written: -o FILE writes the placement, --json prints it on stdout", highlight=False)
 
 
 @app.command()

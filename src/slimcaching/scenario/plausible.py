@@ -7,7 +7,8 @@ ranges (documented in docs/scenario.md, "Plausibility warnings"):
 * a round-trip time over 1 s (access, reach, server link, backhaul);
 * a link rate under 1 kbit/s or over 10 Tbit/s;
 * a server faster than the cloud;
-* a per-message overhead over 100 ms.
+* a per-message overhead over 100 ms;
+* expert storage (a server's capacity, a user's cache) above 0 and under 1 MB, or over 1 PB.
 
 Users are checked once per distinct set of values (a group of 5,000 alike warns once, naming the first).
 """
@@ -21,6 +22,10 @@ MIN_RATE_BPS = 1e3
 MAX_RATE_BPS = 1e13
 MAX_OVERHEAD_S = 0.1
 MAX_SPLIT_DEVICE_S = 1.0
+
+
+MIN_STORAGE_BYTES = 1e6  # a cache under 1 MB holds no expert of any model: a unit missing?
+MAX_STORAGE_BYTES = 1e15  # 1 PB at one edge server or phone
 
 
 def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
@@ -41,8 +46,19 @@ def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
         if v > MAX_OVERHEAD_S:
             out.append(f"{where}: {v:g} s per message is over {MAX_OVERHEAD_S:g} s")
 
+    def storage(where: str, v: float) -> None:
+        if 0 < v < MIN_STORAGE_BYTES:
+            out.append(f"{where}: {v:g} bytes is under 1 MB (a unit missing? write e.g. '{v:g} GB')")
+        elif v > MAX_STORAGE_BYTES:
+            out.append(f"{where}: {v:g} bytes is over 1 PB")
+
     overhead("cloud.message_overhead_s", sc.cloud.message_overhead_s)
+    seen_capacity: set[float] = set()
     for i, s in enumerate(sc.servers):
+        if s.capacity_bytes not in seen_capacity:  # a fleet of equal servers warns once
+            seen_capacity.add(s.capacity_bytes)
+            same = sum(1 for t in sc.servers if t.capacity_bytes == s.capacity_bytes) - 1
+            storage(f"servers[{i}].capacity_bytes" + (f" (and {same} more servers)" if same else ""), s.capacity_bytes)
         rtt(f"servers[{i}].cloud_rtt_s", s.cloud_rtt_s)
         rate(f"servers[{i}].cloud_rate_bps", s.cloud_rate_bps)
         overhead(f"servers[{i}].message_overhead_s", s.message_overhead_s)
@@ -53,11 +69,12 @@ def plausibility_warnings(sc: Scenario, limit: int = 20) -> list[str]:
         rate(f"server_links[{i}].rate_bps", link.rate_bps)
     seen: set[tuple] = set()
     for u in sc.users:
-        key = (u.rtt_s, u.uplink_bps, u.downlink_bps, u.message_overhead_s, u.split_device_s)
+        key = (u.rtt_s, u.uplink_bps, u.downlink_bps, u.message_overhead_s, u.split_device_s, u.cache_bytes)
         if key in seen:
             continue
         seen.add(key)
         who = f"user {u.name}"  # users of groups have no index in the file: named
+        storage(f"{who}: cache_bytes", u.cache_bytes)
         rtt(f"{who}: rtt_s", u.rtt_s)
         rate(f"{who}: uplink_bps", u.uplink_bps)
         rate(f"{who}: downlink_bps", u.downlink_bps)
