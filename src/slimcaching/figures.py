@@ -50,13 +50,25 @@ ALGORITHM_STYLE = {
     "greedy-k1": (ORANGE, "<", ":", False),
     "u-shaped-partial": (VERMILLION, "P", ":", False),
     "slimcaching-hybrid": (PURPLE, "h", "-.", True),
+    # the peers: the colours of their families, markers and dashes of their own
+    "eplb": (YELLOW, "p", "--", True),
+    "topology-aware": (GREEN, "X", "-.", False),
+    "hot-experts": (GREY, "d", "--", False),
+    # re-planning strategies (experiment drift)
+    "static": (GREY, "x", ":", True),
+    "periodic": (ORANGE, "^", "-.", True),
+    "adaptive": (BLUE, "o", "-", True),
+    "clairvoyant": (GREEN, "s", "--", False),
+    "oracle": (BLACK, ".", ":", True),
 }
 
 
 def line_style(name: str, index: int = 0) -> dict:
     """``ax.plot`` keywords for an algorithm's line (an unknown name gets a palette entry by ``index``)."""
     palette = (BLUE, ORANGE, GREEN, VERMILLION, PURPLE, SKY, BLACK, GREY)
-    color, marker, ls, filled = ALGORITHM_STYLE.get(name, (palette[index % len(palette)], "o", "-", True))
+    markers, dashes = ("o", "s", "^", "v", "D", "P", "X", "*"), ("-", "--", "-.", ":")
+    color, marker, ls, filled = ALGORITHM_STYLE.get(name, (palette[index % len(palette)], markers[index % len(markers)],
+                                                           dashes[index % len(dashes)], True))
     # open markers smaller than filled ones: where two algorithms coincide the filled one rings the open one
     return {"color": color, "marker": marker, "linestyle": ls, "markersize": 7 if filled else 4.5,
             "markerfacecolor": color if filled else "white", "markeredgecolor": color, "linewidth": 1.7}

@@ -423,7 +423,7 @@ def plot_drift(rows: list[dict], out: Path, settings: DriftSettings) -> list[Pat
     """Latency over time per strategy, one panel per (scenario, pattern); phase changes dotted."""
     plt = pyplot()
     runs = list(dict.fromkeys((r["scenario"], r["pattern"]) for r in rows))
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.4 * len(runs)), dpi=130, squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11.5, 3.4 * len(runs)), dpi=130, squeeze=False)
     for ax, (label, pat) in zip(axes[:, 0], runs):
         mine = [r for r in rows if (r["scenario"], r["pattern"]) == (label, pat)]
         for i, strategy in enumerate(STRATEGIES):
@@ -436,7 +436,7 @@ def plot_drift(rows: list[dict], out: Path, settings: DriftSettings) -> list[Pat
         ax.set_xlabel("tokens served (thousands)", fontsize=10)
         ax.set_ylabel("ms per token", fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=9, ncol=4, frameon=False)
+        ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data
     return save_figure(fig, out, "drift")
 
 

@@ -125,5 +125,5 @@ def plot_peers(exp: Experiment, table: dict, out: Path) -> list[Path]:
     ax.set_ylabel("latency / slimcaching's (same seed)", fontsize=10)
     ax.set_title("peers: paired ratio to slimcaching (mean, 95% CI over seeds)", fontsize=11)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)  # below the bars
     return save_figure(fig, out, exp.name)
