@@ -786,3 +786,56 @@ def test_commands_needing_torch_say_the_install_in_one_line(model_dirs, tmp_path
         assert "pip install torch==2.13.0 && pip install -e '.[hf,runtime]'" in lines[0], (argv, lines)
         assert "Traceback" not in r.stderr + r.stdout
     assert not (tmp_path / "prof.json").exists() and not (tmp_path / "t").exists()
+
+
+def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path):
+    """Ctrl-C during a generation: exit 130, "interrupted", no run file, no traceback, and none
+    of the node processes it started is left running."""
+    import signal
+    import subprocess
+    import sys
+
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="10 MB"))
+    pl = all_edge_placement(sc, tmp_path / "all.json")
+    out, err = tmp_path / "run.json", tmp_path / "stderr.txt"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS * 40) + "\n")  # minutes of paced tokens
+    with open(err, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "slimcaching", "cluster", "run", str(sc), str(pl), "--model",
+                              str(d), "--prompts", str(prompts), "--max-new-tokens", "100", "--pace",
+                              "--no-reference", "--json", str(out)], stdout=subprocess.DEVNULL, stderr=fh)
+
+    def nodes() -> list[int]:
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"slimcaching.runtime.node" in cmd and str(tmp_path).encode() in cmd and state != "Z":
+                found.append(int(pid))
+        return found
+
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(nodes()) < 3 and p.poll() is None:
+            time.sleep(0.2)
+        assert len(nodes()) == 3, err.read_text()[-2000:]
+        time.sleep(3.0)  # generating by now (the nodes are up; the device loads the dense part)
+        assert p.poll() is None, err.read_text()[-2000:]
+        p.send_signal(signal.SIGINT)
+        p.wait(30)
+        text = err.read_text()
+        assert p.returncode == 130 and "interrupted" in text and "Traceback" not in text, text[-2000:]
+        assert not out.exists()
+        deadline = time.time() + 5
+        while time.time() < deadline and nodes():
+            time.sleep(0.1)
+        assert not nodes()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for pid in nodes():
+            os.kill(pid, signal.SIGKILL)
