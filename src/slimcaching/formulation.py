@@ -25,11 +25,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse import coo_matrix, csr_matrix
 
 from slimcaching.problem import Problem
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_matrix
 
 MS = 1e3  # solver time unit: milliseconds
 
@@ -182,6 +185,8 @@ def build_formulation(problem: Problem) -> Formulation:
     lo.append(np.full(ns, -np.inf))
     hi.append(problem.capacity / unit)
     ci += ns
+    from scipy.sparse import coo_matrix  # start-up: scipy.sparse ~0.11 s, only for the MILP/LP
+
     a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(ci, nvar)).tocsr()
     integrality = np.zeros(nvar)
     integrality[:nx] = 1

@@ -18,8 +18,11 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 
 def exec_time(flops: float, nbytes: float, node_flops: float, mem_bandwidth: float | None) -> float:
@@ -75,6 +78,8 @@ def relay_graph(nodes: Iterable, links: Iterable[tuple], bits: float) -> nx.Grap
 
     Complexity: O(L) for L links.
     """
+    import networkx as nx  # start-up: networkx ~0.12 s, only where a relay graph is built
+
     g = nx.Graph()
     g.add_nodes_from(nodes)
     for a, b, rate_bps, rtt_s in links:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 
 from slimcaching.latency import access_time, backhaul_time, exec_time, message_round_trip, relay_graph
@@ -48,6 +47,8 @@ def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
     for mi, model in enumerate(sc.models):
         bits = 8.0 * model.hidden_bytes
         g = relay_graph(names, links, bits)
+        import networkx as nx  # start-up: networkx ~0.12 s, only where a problem is built
+
         for src, dists in nx.all_pairs_dijkstra_path_length(g, weight="w"):
             si = idx[src]
             for dst, d in dists.items():

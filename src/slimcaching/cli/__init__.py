@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 import typer
@@ -44,6 +43,7 @@ from slimcaching.cli import (
 )
 from slimcaching.cli.common import QUIET, console
 from slimcaching.errors import ScenarioError, missing_extra_line
+from slimcaching.version import package_version
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SlimCaching: edge caching of MoE experts for distributed inference.")
@@ -55,11 +55,7 @@ app.add_typer(runtime.cluster_app, name="cluster")
 
 def _version(value: bool) -> None:
     if value:
-        try:
-            v = version("slimcaching")
-        except PackageNotFoundError:  # pragma: no cover - running from a source tree
-            v = "unknown"
-        sys.stdout.write(f"slimcaching {v}\n")
+        sys.stdout.write(f"slimcaching {package_version()}\n")
         raise typer.Exit(0)
 
 
