@@ -54,12 +54,12 @@ ALGORITHM_STYLE = {
     "eplb": (YELLOW, "p", "--", True),
     "topology-aware": (GREEN, "X", "-.", False),
     "hot-experts": (GREY, "d", "--", False),
-    # re-planning strategies (experiment drift)
-    "static": (GREY, "x", ":", True),
-    "periodic": (ORANGE, "^", "-.", True),
-    "adaptive": (BLUE, "o", "-", True),
-    "clairvoyant": (GREEN, "s", "--", False),
-    "oracle": (BLACK, ".", ":", True),
+    # re-planning strategies (experiment drift); markers unique across the whole table
+    "static": (GREY, "+", ":", True),
+    "periodic": (ORANGE, ">", "-.", True),
+    "adaptive": (BLUE, "H", "-", True),
+    "clairvoyant": (GREEN, "8", "--", False),
+    "oracle": (BLACK, "4", ":", True),
 }
 
 
