@@ -14,6 +14,21 @@ import numpy as np
 from slimcaching.scenario import resolve_local_caches
 
 
+def nth_combination(n: int, k: int, index: int) -> list[int]:
+    """The ``index``-th k-subset of range(n) in the order of ``itertools.combinations``."""
+    out, x = [], 0
+    for i in range(k):
+        while True:
+            count = math.comb(n - x - 1, k - i - 1)  # subsets whose next element is x
+            if index < count:
+                out.append(x)
+                x += 1
+                break
+            index -= count
+            x += 1
+    return out
+
+
 def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts: int = 4, top_k: int = 2,
                        layers: int = 2, models: int = 1, capacity_experts: float = 2.0,
                        local_experts: int = 1, links: str = "line", sets_per_layer: int | None = None,
@@ -48,13 +63,14 @@ def tiny_scenario_dict(seed: int = 0, servers: int = 3, users: int = 3, experts:
     for m in mods:
         for task in range(2):
             lay = []
-            all_sets = list(itertools.combinations(range(m["experts"]), m["top_k"]))
+            n_sets = math.comb(m["experts"], m["top_k"])  # not listed: C(40, 8) is 77 million
             for _ in range(m["layers"]):
-                cnt = sets_per_layer or int(rng.integers(1, min(len(all_sets), 6) + 1))
-                cnt = min(cnt, len(all_sets))
-                pick = sorted(rng.choice(len(all_sets), size=cnt, replace=False))
+                cnt = sets_per_layer or int(rng.integers(1, min(n_sets, 6) + 1))
+                cnt = min(cnt, n_sets)
+                pick = sorted(rng.choice(n_sets, size=cnt, replace=False))
                 p = rng.dirichlet(np.ones(cnt) * 0.7)
-                lay.append({"sets": [list(all_sets[i]) for i in pick], "probs": [float(v) for v in p]})
+                lay.append({"sets": [nth_combination(m["experts"], m["top_k"], int(i)) for i in pick],
+                            "probs": [float(v) for v in p]})
             profiles[f"{m['name']}/t{task}"] = {"model": m["name"], "layers": lay}
     usr = []
     for u in range(users):
