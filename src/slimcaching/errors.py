@@ -61,3 +61,7 @@ def missing_extra_line(module: str) -> str | None:
     torch = "pip install torch==2.13.0 && " if extra in ("hf", "runtime", "serve") else ""
     return (f"this command needs {root}, which is not installed (the '{extra}' extra): "
             f"{torch}pip install -e '.[{extras}]'   (or: make .venv/.full)")
+
+
+class SolverBug(RuntimeError):
+    """An algorithm returned something it must not (e.g. over capacity): a bug, not bad input."""

@@ -40,15 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
+from slimcaching.catalogue import INDEPENDENT_TOKENS, ROUTING_FORMATS
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import atomic_write, input_file, npy_header, read_input_bytes, read_text
 from slimcaching.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.limits import check
 from slimcaching.profiles import LayerProfile, Profile
 
-FORMATS = ("sglang-per-token", "sglang-stat", "sglang-routed", "vllm-routed", "counts", "tokens")
+FORMATS = ROUTING_FORMATS
 COUNTS_ONLY = ("sglang-stat", "counts")
-INDEPENDENT_TOKENS = 20_000  # tokens drawn per layer for a counts-only profile
 SGLANG_DECODE = 2  # sglang ForwardMode.DECODE (EXTEND = 1, MIXED = 3, ...)
 
 

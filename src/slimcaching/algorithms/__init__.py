@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slimcaching.errors import ScenarioError
+from slimcaching.errors import ScenarioError, SolverBug  # noqa: F401  (SolverBug: importable from here too)
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -92,9 +92,6 @@ def get_algorithm(name: str) -> AlgorithmSpec:
         raise ScenarioError("algorithm", f"unknown algorithm (known: {', '.join(algorithm_names())})", name)
     return ALGORITHMS[name]
 
-
-class SolverBug(RuntimeError):
-    """An algorithm returned something it must not (e.g. over capacity): a bug, not bad input."""
 
 
 def _convert(k: str, v, kind: type):

@@ -36,13 +36,14 @@ import numpy as np
 
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.slimcaching import successive_decomposition
+from slimcaching.catalogue import REPLAN_ALGORITHMS
 from slimcaching.errors import ScenarioError
 from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
 from slimcaching.migration import MoveCosts, move_costs, replan_objective
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
-ALGORITHMS = ("slimcaching", "slimcaching-fast", "exact")
+ALGORITHMS = REPLAN_ALGORITHMS
 
 
 def fit_capacity(problem: Problem, x: np.ndarray) -> np.ndarray:

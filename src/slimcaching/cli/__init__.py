@@ -27,7 +27,6 @@ from typer.main import get_command
 # (HF_HUB_DISABLE_PROGRESS_BARS=0); set before they are imported, and inherited by the nodes we start
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from slimcaching.algorithms import SolverBug  # noqa: E402
 from slimcaching.cli import (
     calibrate,
     catalog,
@@ -42,7 +41,7 @@ from slimcaching.cli import (
     solve,
 )
 from slimcaching.cli.common import QUIET, console
-from slimcaching.errors import ScenarioError, missing_extra_line
+from slimcaching.errors import ScenarioError, SolverBug, missing_extra_line
 from slimcaching.version import package_version
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

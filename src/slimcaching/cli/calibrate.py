@@ -11,7 +11,6 @@ from rich.table import Table
 
 from slimcaching.cli.common import flags, out
 from slimcaching.cli.runtime_options import ModelOpt
-from slimcaching.runtime.calibrate import calibrate, calibration_rows, dense_gap_s, message_overhead
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -26,6 +25,8 @@ def calibrate_cmd(
 ) -> None:
     """Measure this machine's dense and expert times for a model and the runtime's per-message
     overhead; print the flops and message_overhead_s that make a scenario match them."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.runtime.calibrate import calibrate, calibration_rows, dense_gap_s, message_overhead
     with flags(model="--model"):
         r = calibrate(str(model), tokens)
         if rounds:

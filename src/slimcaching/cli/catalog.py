@@ -8,9 +8,7 @@ from typing import Annotated
 
 import typer
 
-from slimcaching.algorithms import algorithm_names, get_algorithm
 from slimcaching.cli.common import out, table
-from slimcaching.presets import ARCHS, resolve_preset
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -20,6 +18,8 @@ def list_algorithms(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """List the registered placement algorithms and their parameters."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.algorithms import algorithm_names, get_algorithm
     rows = []
     for n in algorithm_names():
         spec = get_algorithm(n)
@@ -44,6 +44,8 @@ def list_presets(
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, fp16, int8 or int4.")] = "bf16",
 ) -> None:
     """List model presets with their resolved numbers."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.presets import ARCHS, resolve_preset
     rows = []
     for name, arch in ARCHS.items():
         r = resolve_preset(name, precision, field_name="--precision")

@@ -11,12 +11,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from slimcaching.errors import ScenarioError
-from slimcaching.scenario import load_scenario
-from slimcaching.scenario.plausible import plausibility_warnings
 
 # piped or redirected output is not a terminal: lines are never wrapped (paths stay whole for
 # copy-paste and scripts) and tables get a wide page so they never cut names
@@ -42,6 +39,8 @@ def note(msg: str) -> None:
 @contextlib.contextmanager
 def working(text: str) -> Iterator[None]:
     """A spinner with the seconds so far while a long call runs (on a terminal, without --quiet)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True, disable=not show_progress()) as progress:
         progress.add_task(text, total=None)
@@ -62,11 +61,15 @@ def table(*headers: str, **kw) -> Table:
 
 def read_scenario(scenario: str | None):
     """The scenario of a command's argument (``default`` or empty: the built-in one)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.scenario import load_scenario
     return load_scenario(None if scenario in (None, "", "default") else scenario)
 
 
 def warn_implausible(sc) -> None:
     """The scenario's plausibility warnings, one line each on stderr (never an error)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.scenario.plausible import plausibility_warnings
     for w in plausibility_warnings(sc):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 

@@ -12,12 +12,6 @@ import typer
 
 from slimcaching.cli.common import ScenarioArg, flags, out, read_scenario, table
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import placement_breakdown, problem_for
-from slimcaching.limits import check
-from slimcaching.placement import load_placement
-from slimcaching.problem import build_problem
-from slimcaching.queueing import simulate_queueing
-from slimcaching.simulate import load_trace_array, replay_trace, simulate_tokens
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -30,6 +24,10 @@ def evaluate(
     users: Annotated[bool, typer.Option("--users", help="Per-user table as well.")] = False,
 ) -> None:
     """Objective and breakdown of a placement."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.evaluation import placement_breakdown, problem_for
+    from slimcaching.placement import load_placement
+    from slimcaching.problem import build_problem  # start-up
     sc = read_scenario(scenario)
     base = build_problem(sc)
     pl = load_placement(placement, base)
@@ -102,6 +100,13 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Token-level Monte Carlo simulation of a placement (or replay of a routing trace)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.evaluation import problem_for
+    from slimcaching.limits import check
+    from slimcaching.placement import load_placement  # start-up
+    from slimcaching.problem import build_problem  # start-up
+    from slimcaching.queueing import simulate_queueing  # start-up
+    from slimcaching.simulate import load_trace_array, replay_trace, simulate_tokens  # start-up
     if load != 1.0 and not queueing:
         raise ScenarioError("--load", "only with --queueing (without queues the load changes nothing)", load)
     if max_batch != 1 and not queueing:

@@ -6,21 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from slimcaching.cli.common import console, flags, read_scenario, show_progress
 from slimcaching.errors import ScenarioError
-from slimcaching.experiments import EXPERIMENTS, run_experiment
-from slimcaching.experiments.drift import run_drift
-from slimcaching.experiments.plots import write_report
-from slimcaching.experiments.runner import EXECUTORS
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -51,6 +39,19 @@ def experiment(
                                                      "phase (default 40000; --quick 6000).")] = None,
 ) -> None:
     """Run one experiment of the paper (or all) and write CSV, PNG/SVG figures and a summary."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from slimcaching.experiments import EXPERIMENTS, run_experiment  # start-up
+    from slimcaching.experiments.drift import run_drift  # start-up
+    from slimcaching.experiments.runner import EXECUTORS  # start-up
     names = list(EXPERIMENTS) + ["drift"] if name == "all" else [name]
     for n in names:
         if n not in EXPERIMENTS and n != "drift":
@@ -97,4 +98,6 @@ def experiment(
 @app.command()
 def report(directory: Annotated[Path, typer.Argument(help="Directory of experiment results.")]) -> None:
     """Assemble every experiment's figure and summary into one self-contained HTML page."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.experiments.plots import write_report
     console.print(f"wrote {write_report(directory)}")

@@ -16,7 +16,6 @@ import typer
 from slimcaching.cli.common import console, out, table
 from slimcaching.cli.runtime import cluster_app
 from slimcaching.errors import ScenarioError
-from slimcaching.runtime.cluster import cluster_file_data, read_cluster_file
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -45,6 +44,8 @@ def keys_cmd(
 
 
 def _nodes(cluster: Path, node: str | None):
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.runtime.cluster import cluster_file_data, read_cluster_file
     _require_zmq()
     from slimcaching.runtime.security import ADMIN, load_keyring  # optional extra (runtime: pyzmq)
 

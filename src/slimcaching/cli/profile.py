@@ -8,17 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
 
+from slimcaching.catalogue import INDEPENDENT_TOKENS
+from slimcaching.catalogue import ROUTING_FORMATS as FORMATS
 from slimcaching.cli.common import console, flags, out, show_progress, table
 from slimcaching.errors import ScenarioError, printable
-from slimcaching.fileio import atomic_write, check_target
-from slimcaching.hf import RoutingTrace, profile_model, read_prompts
-from slimcaching.profile_stats import compare, fit_synthetic, layer_stats, provenance, summary_stats
-from slimcaching.profile_stats import heatmap as draw
-from slimcaching.profiles import Profile, profile_from_trace
-from slimcaching.routing_import import FORMATS, INDEPENDENT_TOKENS, read_routing, to_profile
-from slimcaching.simulate import load_trace_array
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -44,6 +38,10 @@ def profile(
                                              "directory name).")] = None,
 ) -> None:
     """Record which experts a Hugging Face MoE model's routers choose, per token and layer."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import Progress
+
+    from slimcaching.hf import profile_model, read_prompts  # start-up
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
@@ -81,6 +79,11 @@ def profile_from_trace_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile file (.json or .npz).")],
 ) -> None:
     """Count a raw routing trace into a co-activation profile."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.fileio import check_target
+    from slimcaching.hf import RoutingTrace
+    from slimcaching.profiles import profile_from_trace  # start-up
+    from slimcaching.simulate import load_trace_array  # start-up
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     printable(model, "--model")
@@ -120,6 +123,9 @@ def profile_import_cmd(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Counts-only: seed of those draws.")] = 0,
 ) -> None:
     """Import routing recorded by SGLang or vLLM (or plain counts / token files) as a profile."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.fileio import check_target
+    from slimcaching.routing_import import read_routing, to_profile
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
@@ -156,6 +162,10 @@ def profile_stats_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Skew, co-activation and differences of activation profiles."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.profile_stats import compare, layer_stats, provenance, summary_stats
+    from slimcaching.profile_stats import heatmap as draw
+    from slimcaching.profiles import Profile  # start-up
     prof = Profile.load(profile_file, "profile")
     result = {"summary": summary_stats(prof), "provenance": provenance(prof), "layers": layer_stats(prof)}
     if other is not None:
@@ -195,6 +205,10 @@ def profile_fit_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the fit as JSON.")] = None,
 ) -> None:
     """Fit the synthetic router's parameters to a measured profile (to scale it to many users)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.fileio import atomic_write
+    from slimcaching.profile_stats import fit_synthetic
+    from slimcaching.profiles import Profile  # start-up
     fit = fit_synthetic(Profile.load(profile_file, "profile"), tokens=tokens, seed=seed)
     text = json.dumps(fit, indent=1, allow_nan=False) + "\n"
     if output:

@@ -13,7 +13,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from slimcaching.adaptive import ControllerConfig
 from slimcaching.cli.common import console, flags, ms, note, out
 from slimcaching.cli.runtime_options import (  # shared with serve
     AdaptHorizonOpt,
@@ -35,25 +34,14 @@ from slimcaching.cli.runtime_options import (  # shared with serve
     ray_placement_of,
 )
 from slimcaching.errors import ScenarioError
-from slimcaching.fileio import write_json
-from slimcaching.hf import prompt_texts
-from slimcaching.runtime.cluster import cluster_inputs, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
-from slimcaching.runtime.fallbacks import describe_fallback
-from slimcaching.runtime.session import (
-    RunOptions,
-    check_prompt_lengths,
-    device_session,
-    parse_events,
-    run_cluster,
-    run_report,
-    run_rows,
-)
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 cluster_app = typer.Typer(no_args_is_help=True, help="Run a placement on a local cluster of processes.")
 
 def _cluster_inputs(cluster, scenario, placement, model, model_name):
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.runtime.cluster import cluster_inputs
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name"):
         return cluster_inputs(cluster, scenario, placement, model, model_name)
 
@@ -97,6 +85,12 @@ def cluster_run(
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.adaptive import ControllerConfig
+    from slimcaching.fileio import write_json
+    from slimcaching.hf import prompt_texts  # start-up
+    from slimcaching.runtime.cluster import load_context  # start-up
+    from slimcaching.runtime.session import RunOptions, parse_events, run_cluster, run_rows  # start-up
     if launcher not in ("local", "ray"):
         raise ScenarioError("--launcher", "expected local or ray", launcher)
     if address is not None and launcher != "ray":
@@ -198,10 +192,15 @@ def generate_cmd(
     retry_after: RetryOpt = DEFAULTS.retry_after_s,
 ) -> None:
     """Be one user's device against a running cluster: generate and print the text."""
+    # start-up: imported when the command runs, so that --help and the others start at once
     from transformers import AutoTokenizer  # optional extra (hf)
 
+    from slimcaching.fileio import write_json
+    from slimcaching.hf import prompt_texts  # start-up
     from slimcaching.runtime.device import ClusterError  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.fallbacks import describe_fallback
     from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.session import RunOptions, check_prompt_lengths, device_session, run_report
 
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
     if user not in ctx.layout.homes:

@@ -9,10 +9,6 @@ import typer
 from rich.markup import escape
 
 from slimcaching.cli.common import ScenarioArg, console, flags, out, read_scenario, warn_implausible
-from slimcaching.fileio import atomic_write, check_target, data_file_text
-from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-from slimcaching.limits import check
-from slimcaching.scenario import ScenarioErrors, canonical_json, resolve_scenario
 from slimcaching.units import parse_flag_quantity
 
 app = typer.Typer()  # commands registered on the main app by slimcaching.cli
@@ -22,6 +18,8 @@ scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
 def validate(scenario: ScenarioArg = "default") -> None:
     """Check a scenario file: one line per error (every independent error, not just the first), or a
     one-line summary."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.scenario import ScenarioErrors
     try:
         sc = read_scenario(scenario)
     except ScenarioErrors as exc:
@@ -39,6 +37,9 @@ def export(scenario: ScenarioArg = "default",
            output: Annotated[Path, typer.Option("-o", "--output", help="Canonical JSON file.")] = Path(
                "canonical.json")) -> None:
     """Write the fully resolved canonical scenario (slimcaching/scenario@1)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.fileio import atomic_write, check_target
+    from slimcaching.scenario import canonical_json
     check_target(output, "--output")
     sc = read_scenario(scenario)
     atomic_write(output, canonical_json(sc))
@@ -68,6 +69,11 @@ def scenario_new(
     seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
 ) -> None:
     """Generate a scenario file from options."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.fileio import atomic_write, check_target, data_file_text
+    from slimcaching.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.limits import check  # start-up
+    from slimcaching.scenario import resolve_scenario  # start-up
     check("users", users, "--users", "users")
     check("servers", servers, "--servers", "servers")
     check_target(output, "--output")

@@ -8,13 +8,8 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from slimcaching.algorithms import algorithm_names, get_algorithm, solve
-from slimcaching.algorithms.co_local import co_activation_local_caches
-from slimcaching.bounds import certify
 from slimcaching.cli.common import (
     ScenarioArg,
     console,
@@ -27,10 +22,6 @@ from slimcaching.cli.common import (
     working,
 )
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import placement_latency
-from slimcaching.fileio import atomic_write, check_target
-from slimcaching.problem import build_problem
-from slimcaching.reporting import exact_note, solve_summary
 from slimcaching.units import format_bytes
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
@@ -61,6 +52,16 @@ def solve_cmd(
 ) -> None:
     """Compute a placement with one algorithm: a short summary (latency, reduction, storage used per
     server), the placement file with -o, or the placement as JSON on stdout with --json."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from slimcaching.algorithms import get_algorithm, solve  # start-up
+    from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
+    from slimcaching.bounds import certify  # start-up
+    from slimcaching.evaluation import placement_latency  # start-up
+    from slimcaching.fileio import atomic_write, check_target  # start-up
+    from slimcaching.problem import build_problem  # start-up
+    from slimcaching.reporting import solve_summary  # start-up
     spec = get_algorithm(algorithm)
     params = parse_params(param)
     if time_limit is not None:
@@ -117,6 +118,8 @@ def solve_cmd(
 def _print_summary(problem, placement, latency: float, summary: str) -> None:
     """What a person asked ``solve`` for, on stdout: the latency, the reduction against no edge
     caching, and where the experts went (bytes and experts per server)."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    import numpy as np
     none = problem.objective(problem.empty_placement())
     out.print(f"{summary}, solved in {placement.solve_seconds:.2f} s", highlight=False)
     if none > 0 and placement.latency_model != "hybrid":
@@ -140,6 +143,13 @@ def demo(
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 30.0,
 ) -> None:
     """Run every algorithm on a scenario and print a comparison table."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import Progress
+
+    from slimcaching.algorithms import algorithm_names, solve  # start-up
+    from slimcaching.evaluation import placement_latency  # start-up
+    from slimcaching.problem import build_problem  # start-up
+    from slimcaching.reporting import exact_note  # start-up
     names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
     sc = read_scenario(scenario)
     problem = build_problem(sc)
