@@ -182,7 +182,10 @@ class RowGroup:
         lat = np.maximum(self.local[:, None], self.access[:, None] + worst)
         scand = np.take_along_axis(cand, order, axis=1)
         spos = np.where(scand, np.take_along_axis(self.pos, order, axis=1), e)
-        return np.ascontiguousarray(spos, np.int64), np.where(scand, (lat[:, :-1] - lat[:, 1:]) * self.w[:, None], 0.0)
+        # kept: the modular check and the row greedy both ask for it
+        self.staircase = (np.ascontiguousarray(spos, np.int64),
+                          np.where(scand, (lat[:, :-1] - lat[:, 1:]) * self.w[:, None], 0.0))
+        return self.staircase
 
     def values(self, masks: np.ndarray) -> np.ndarray:
         ext = np.zeros((masks.shape[0], self.n_candidates + 1), bool)
