@@ -271,3 +271,23 @@ def test_sizes_and_times_on_the_command_line_need_units(tmp_path, capsys):
     assert main(["validate", str(out)]) == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "capacity_bytes" in ln]
     assert lines == ["warning: servers[0].capacity_bytes (and 4 more servers): 2.5e+15 bytes is over 1 PB"], lines
+
+
+def test_storage_too_small_for_any_expert_warns(tmp_path, capsys):
+    """A capacity of 2.5 (bytes: a unit forgotten in a file) holds no expert and warns; the kB
+    capacities of tiny test models, which do hold experts, do not."""
+    import json
+
+    from slimcaching.cli import main
+
+    data = json.loads(json.dumps(__import__("hostile_cases").BASE))
+    data["servers"][0]["capacity_bytes"] = 2.5
+    sc = tmp_path / "sc.json"
+    sc.write_text(json.dumps(data))
+    assert main(["validate", str(sc)]) == 0
+    err = capsys.readouterr().err
+    assert "servers[0].capacity_bytes: 2.5 bytes holds no expert" in err, err
+    data["servers"][0]["capacity_bytes"] = data["models"][0]["expert_bytes"] * 2
+    sc.write_text(json.dumps(data))
+    assert main(["validate", str(sc)]) == 0
+    assert "holds no expert" not in capsys.readouterr().err

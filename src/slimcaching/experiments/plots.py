@@ -337,7 +337,7 @@ def write_outputs(exp: Experiment, csv_path: Path, out: Path, scenario_label: st
     text = summary(exp, rows, agg, scenario_label)
     if ratios:
         text += "\n" + "\n".join(ratio_lines(exp, ratios, baseline)) + "\n"
-    if exp.name == "capacity" and scenario_label == "default scenario":
+    if exp.name == "capacity" and scenario_label.startswith("default scenario"):
         text += "\n".join(headline_lines(headline_variants(quick)))
     atomic_write(out / f"{exp.name}.md", text)
 

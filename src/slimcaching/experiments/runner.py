@@ -23,6 +23,7 @@ from slimcaching.experiments.definitions import (
     EXPERIMENTS,
     PEER_BOUND_LIMIT,
     PEER_TRACE_MODEL,
+    QUICK_BASE,
     REGIME_TOKENS,
     Experiment,
     apply_point,
@@ -328,6 +329,9 @@ def run_experiment(name: str, out: str | Path, seeds: int = 3, quick: bool = Fal
                 progress(k, total)
 
     label = "default scenario"
+    if quick and scenario_path is None:  # --quick shrinks the default scenario: say so
+        label = (f"default scenario, shrunk for --quick ({QUICK_BASE['servers']} servers, {QUICK_BASE['users']} users, "
+                 f"{QUICK_BASE['profile_tokens']} profile tokens)")
     if scenario_path is not None:
         label = f"scenario {load_scenario(scenario_path).name!r} ({Path(scenario_path).name})"
     write_outputs(exp, path, out, label, quick=quick)
