@@ -47,6 +47,7 @@ PARALLEL_MIN_TABLES = 4  # fewer stale tables than this are computed on the call
 # it saves (llama-moe-3.5b-2-8 5 x 50: 1.7 s on one thread, 2.4 s on two)
 PARALLEL_MIN_ROWS = 50_000
 _POOL: ThreadPoolExecutor | None = None
+_POOL_THREADS = [0]  # the threads _POOL was made with (SLIMCACHING_THREADS may change between solves)
 
 
 def table_threads() -> int:
@@ -65,8 +66,9 @@ def _map_tables(compute, groups: list, compiled: bool, rows: int = PARALLEL_MIN_
     threads = table_threads()
     if not compiled or threads == 1 or len(groups) < PARALLEL_MIN_TABLES or rows < PARALLEL_MIN_ROWS:
         return [compute(g) for g in groups]
-    if _POOL is None or _POOL._max_workers != threads:
+    if _POOL is None or _POOL_THREADS[0] != threads:
         _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slimcaching-table")
+        _POOL_THREADS[0] = threads
     return list(_POOL.map(compute, groups))
 
 
