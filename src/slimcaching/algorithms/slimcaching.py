@@ -356,7 +356,7 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
         return seen[key]
 
     def decomposition(x0: np.ndarray | None) -> Decomposition:
-        d = Decomposition(problem, x0)
+        d = Decomposition(problem, x0, one_sweep=fast)
         d.move_cost = move_cost
         return d
 

@@ -38,6 +38,10 @@ from slimcaching.problem import Problem
 # rows x servers from which the numba kernels are used: past a few thousand they beat numpy's
 # per-call overhead (moe-llava-phi2 5 x 50, 2,960: 2.7 -> 1.5 s), below it numba's import does not pay
 COMPILED_MIN_ROW_VISITS = 2_000
+# the same for one sweep's tables (slimcaching-fast) of models whose tables all stay exact: there
+# numba's import (~0.3 s) costs more than the tables save below this (the default scenario, 237,000:
+# 0.3-0.4 s in numpy, 0.5-0.8 s compiled); wide models import numba for their row greedy anyway
+COMPILED_MIN_ROW_VISITS_ONE_SWEEP = 2_000_000
 # groups whose table is approximate are kept as rows for the compiled row greedy; pattern tables
 # (2^K per row) and their beam search only for models with K up to this and a beam wider than 1
 ROW_GROUP_MIN_K = 5
@@ -98,11 +102,14 @@ class Decomposition:
     """Groups, reach and cached tables of a compact problem, for a placement that changes one
     server at a time through :meth:`set_cache`."""
 
-    def __init__(self, problem: Problem, x: np.ndarray | None = None, compiled: bool | None = None):
+    def __init__(self, problem: Problem, x: np.ndarray | None = None, compiled: bool | None = None,
+                 one_sweep: bool = False):
         p = problem.compact()
-        # the compiled kernels pay for numba's import (~0.3 s) only on large problems
+        # the compiled kernels pay for numba's import (~0.3 s) only past some size
         if compiled is None:
-            compiled = len(p.row_home) * p.n_servers >= COMPILED_MIN_ROW_VISITS
+            wide = any(m.top_k > ROW_GROUP_MIN_K or m.experts > MAX_ZETA_CANDIDATES for m in p.scenario.models)
+            floor = COMPILED_MIN_ROW_VISITS_ONE_SWEEP if one_sweep and not wide else COMPILED_MIN_ROW_VISITS
+            compiled = len(p.row_home) * p.n_servers >= floor
         self.kernels = kernels.kernels() if compiled else None
         self.problem = p
         self.x = p.empty_placement() if x is None else x.copy()
