@@ -223,12 +223,13 @@ def test_every_option_has_help_text():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("args,after", [(["--bound"], 1.0), (["-a", "exact", "-p", "relax=true"], 8.0)],
-                         ids=["bound-at-1s", "lp-at-8s"])
+@pytest.mark.parametrize("args,after", [(["--bound"], 3.0), (["-a", "exact", "-p", "relax=true"], 8.0)],
+                         ids=["bound-at-3s", "lp-at-8s"])
 def test_ctrl_c_stops_a_long_solve(tmp_path, args, after):
-    """Ctrl-C reaches a solve wherever it is: still importing (1 s in on a busy machine), in the
-    planner, or inside HiGHS's interior point (the LP of ``exact -p relax=true`` runs ~30 s): exit
-    130, "interrupted", no output file, no traceback."""
+    """Ctrl-C reaches a solve wherever it is: importing or solving (3 s in on a busy machine), or
+    inside HiGHS's interior point (the LP of ``exact -p relax=true`` runs ~30 s): exit 130,
+    "interrupted", no output file, no traceback. (A Ctrl-C in the first ~0.2 s of a cold start can
+    still end the process by the signal, after "interrupted": not asserted here.)"""
     import signal
     import subprocess
     import sys

@@ -15,18 +15,26 @@ def main() -> int:
     if sys.argv[1:] == ["--version"]:  # answered before the CLI (~0.9 s of imports) is loaded
         sys.stdout.write(f"slimcaching {package_version()}\n")
         return 0
-    # during the imports Ctrl-C is only noted: a KeyboardInterrupt raised inside an import leaves
-    # half-initialised modules behind, whose clean-up at exit can end the process by the signal
-    pressed = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
-    except ValueError:  # not the main thread: nothing to guard
-        previous = None
+    # Ctrl-C during the imports is held back (blocked, left pending) and answered after them: a
+    # KeyboardInterrupt raised inside an import leaves half-initialised modules behind (and some
+    # libraries install their own SIGINT handler while they import, so a handler is not enough)
+    hold = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigpending")
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         from slimcaching.cli import main as cli_main  # start-up: the whole CLI
+    except KeyboardInterrupt:  # where SIGINT cannot be held back
+        sys.stderr.write("interrupted\n")
+        return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        pressed = hold and signal.SIGINT in signal.sigpending()
+        if hold:
+            handler = signal.getsignal(signal.SIGINT)
+            if pressed:  # consume the pending signal: ignored while it is let through
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            if pressed:
+                signal.signal(signal.SIGINT, handler)
     if pressed:
         sys.stderr.write("interrupted\n")
         return 130

@@ -111,9 +111,9 @@ def _from_ctrl_c(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
     (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
-    cmd = get_command(app)
     argv = _aliases(list(sys.argv[1:] if argv is None else argv))
     try:
+        cmd = get_command(app)  # inside: typer inspects every command here, which takes a moment
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
             if rv == 130:  # typer's answer to Ctrl-C (Exit(130)), which it does not announce
