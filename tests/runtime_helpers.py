@@ -60,16 +60,17 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
                    log=None, max_batch_rows: int = 64, batch_wait_s: float = 0.0):
     """Every node of ``ctx.layout`` as a NodeServer thread on 127.0.0.1:0; yields (servers, addresses).
     With ``keyrings`` (name -> Keyring) every node is a CURVE server with its own key."""
+    from slimcaching.runtime.config import RuntimeConfig
     from slimcaching.runtime.node import NodeServer
 
+    config = RuntimeConfig(emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s,
+                           max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
     source = ctx.expert_source()
     servers, addrs = {}, {}
     for n in ctx.layout.nodes:
         experts = {k: source.load(*k) for k in sorted(ctx.layout.held[n])}
-        srv = NodeServer(n, ctx.layout, experts, emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s,
-                         retry_after_s=retry_after_s, log=log or (lambda msg: None),
-                         keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure,
-                         max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
+        srv = NodeServer(n, ctx.layout, experts, config=config, log=log or (lambda msg: None),
+                         keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure)
         if n in ctx.layout.split_hosts:
             srv.enable_split(ctx.model_dir)
         srv.enable_relayout(source, {s.name: s.capacity_bytes for s in ctx.scenario.servers})

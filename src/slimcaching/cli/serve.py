@@ -45,9 +45,9 @@ def serve_cmd(
     insecure: Annotated[bool, typer.Option("--insecure", help="Without --api-key, listen beyond loopback "
                                            "anyway.")] = False,
     max_devices: Annotated[int, typer.Option("--max-devices", min=1, max=100000, help="User devices loaded at "
-                                             "once (the least recently used idle one goes).")] = 64,
+                                             "once (the least recently used idle one goes).")] = DEFAULTS.max_devices,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, max=100000, help="Requests one user may have "
-                                           "waiting (more get HTTP 429).")] = 16,
+                                           "waiting (more get HTTP 429).")] = DEFAULTS.max_queue,
     deadline_factor: DeadlineOpt = DEFAULTS.deadline_factor,
     deadline_floor: FloorOpt = DEFAULTS.deadline_floor_s,
     retry_after: RetryOpt = DEFAULTS.retry_after_s,

@@ -27,6 +27,7 @@ o is what generation pays, not what a benchmark loop does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -39,6 +40,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.hf import find_moe_layers, load_model
 from slimcaching.model_dir import model_numbers
 from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.tensors import to_numpy
 from slimcaching.runtime.weights import expert_source, run_expert
 
@@ -160,9 +162,10 @@ def message_overhead(model_dir: str, rounds: int = 200, gap_s: float = 0.0) -> d
         paths = {"home": 0, "relay": 1, "cloud": 2}  # expert -> where it runs
         times = {k: [] for k in paths}
         compute = {k: [] for k in paths}
-        with LocalCluster(lay.nodes, str(sc), str(pl), str(ctx.model_dir), lay.model, work, emulate=False,
+        config = dataclasses.replace(DEFAULTS, emulate=False)
+        with LocalCluster(lay.nodes, str(sc), str(pl), str(ctx.model_dir), lay.model, work, config=config,
                           users=["u0"]) as cluster:
-            client = DeviceClient("u0", lay, cluster.addresses, {}, emulate=False, keyring=cluster.keyring("u0"))
+            client = DeviceClient("u0", lay, cluster.addresses, {}, config=config, keyring=cluster.keyring("u0"))
             try:
                 for i in range(rounds + 20):  # interleaved, so a noisy second hits all three alike
                     for kind, e in paths.items():

@@ -10,6 +10,7 @@ limits of :mod:`slimcaching.limits`, overridable like the planner's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -26,6 +27,31 @@ class RuntimeConfig:
     max_deliver_ahead_s: float = 600.0  # a request due later than this (emulated arrival) is refused
     max_batch_rows: int = 64  # rows one expert runs at once in a batch across requests (1: no batching)
     batch_wait_s: float = 0.0  # how long a batch's first request waits for others (0: only those waiting anyway)
+    connect_grace_ms: int = 100  # a device or split host: a peer not connected after this long counts as down
+    peer_connect_grace_ms: int = 50  # a node's loop: shorter, the loop serves everyone else meanwhile
+    max_devices: int = 64  # serve: user devices loaded at once (the least recently used idle one goes)
+    max_queue: int = 16  # serve: requests one user may have waiting (more are refused)
+
+    def node_argv(self) -> list[str]:
+        """The flags of ``python -m slimcaching.runtime.node`` that carry this config to a node process."""
+        argv = ["--deadline-factor", repr(self.deadline_factor), "--deadline-floor", repr(self.deadline_floor_s),
+                "--retry-after", repr(self.retry_after_s), "--max-batch", str(self.max_batch_rows),
+                "--batch-wait", repr(self.batch_wait_s)]
+        return argv + (["--no-emulate"] if not self.emulate else []) + (["--pace"] if self.pace else [])
+
+    def to_dict(self) -> dict:
+        """Plain values (a Ray actor's arguments)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RuntimeConfig:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 DEFAULTS = RuntimeConfig()
+
+
+def as_config(options) -> RuntimeConfig:
+    """``options`` as a :class:`RuntimeConfig`: itself, or the one a run's options carry
+    (anything with ``runtime_config()``, e.g. ``cluster run``'s options)."""
+    return options if isinstance(options, RuntimeConfig) else options.runtime_config()

@@ -25,8 +25,9 @@ import zmq
 from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
-from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.fallbacks import FallbackLog
+from slimcaching.runtime.health import PeerHealth
 from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
 from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest
 from slimcaching.runtime.routing import CLOUD, Layout
@@ -35,8 +36,6 @@ from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import output_array
 from slimcaching.runtime.transport import dealer_socket, send_now
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
-
-CONNECT_GRACE_MS = 100  # a peer not connected after this long counts as down
 
 
 class ClusterError(RuntimeError):
@@ -75,9 +74,7 @@ class DeviceClient:
     """Talks to the home server (and to the cloud when the home fails) for one user."""
 
     def __init__(self, user: str, layout: Layout, addresses: dict[str, str], local_modules: dict, *,
-                 emulate: bool = True, pace: bool = False, deadline_factor: float = DEFAULTS.deadline_factor,
-                 deadline_floor_s: float = DEFAULTS.deadline_floor_s,
-                 retry_after_s: float = DEFAULTS.retry_after_s, keyring: Keyring | None = None):
+                 config: RuntimeConfig = DEFAULTS, keyring: Keyring | None = None):
         if user not in layout.homes:
             raise ValueError(user)
         self.keyring = keyring  # CURVE: this device's key; each node's public key is pinned
@@ -87,15 +84,13 @@ class DeviceClient:
         self.layout = layout
         self.addresses = addresses
         self.local = local_modules  # (layer, expert) -> one-expert module
-        self.emulate = emulate
-        self.pace = pace
-        self.deadline_factor = deadline_factor
-        self.deadline_floor_s = deadline_floor_s
-        self.retry_after_s = retry_after_s
+        self.config = config
+        self.pace = config.pace
+        emulate = config.emulate
         self.ctx = zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}
         self.ids = itertools.count(1)
-        self.dead_until: dict[str, float] = {}
+        self.health = PeerHealth(config.retry_after_s)
         up, down, rtt = layout.access[user]
         inf = (float("inf"), 0.0)
         self.uplink = Link(up, rtt / 2.0) if emulate else Link(*inf)
@@ -130,7 +125,7 @@ class DeviceClient:
 
     def deadline_for(self, predicted: float) -> float:
         # the home may itself wait one relay deadline before falling back: leave room for it
-        return self.deadline_factor * predicted + 3.0 * self.deadline_floor_s
+        return self.config.deadline_factor * predicted + 3.0 * self.config.deadline_floor_s
 
     def run_layer(self, layer: int, x, remote: dict[int, list[int]], local: list[tuple[int, object]],
                   predicted_remote_s: float):
@@ -210,7 +205,7 @@ class DeviceClient:
         """Send one layer request to ``via`` (the home by default, or a reached server); the cloud
         directly (``via``'s uplink and backhaul) when that server is down."""
         via = self.home if via is None else via
-        alive = via not in exclude and self.dead_until.get(via, 0.0) <= time.time()
+        alive = via not in exclude and self.health.alive(via)
         target = via if alive else CLOUD
         if target in exclude:
             raise ClusterError(f"no live home server or cloud for user {self.user!r} (layer {layer})")
@@ -218,12 +213,12 @@ class DeviceClient:
                          reply_hops=[] if target == via else [(CLOUD, via)], dtype_tag=tag)
         links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
         frames = protocol.stamp(req, lambda size: schedule_path(links, size, time.time()))  # encoded: ready to go
-        if not send_now(self._sock(target), frames, CONNECT_GRACE_MS):
+        if not send_now(self._sock(target), frames, self.config.connect_grace_ms):
             return self._failed(target, "not connected", layer, payload, assign, tag, exclude, via)
         return req.id, target, exclude, via
 
     def _failed(self, target, reason, layer, payload, assign, tag, exclude, via):
-        self.dead_until[target] = time.time() + self.retry_after_s
+        self.health.failed(target)
         self.fallbacks.append({"t": time.time(), "node": target, "layer": layer, "reason": reason,
                                "to": CLOUD if target != CLOUD else None})
         return self._send(layer, payload, assign, tag, time.time(), exclude | {target}, via)
@@ -277,7 +272,7 @@ class DeviceClient:
                 continue
             if msg.deliver_at is not None:
                 sleep_until(release_time(msg.deliver_at, recv_at))
-            self.dead_until.pop(target, None)
+            self.health.succeeded(target)
             return msg, recv_at
 
 

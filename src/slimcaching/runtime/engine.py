@@ -19,6 +19,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from slimcaching.runtime.client import Device
+from slimcaching.runtime.config import as_config
 from slimcaching.runtime.metrics import NullMetrics
 from slimcaching.runtime.sampling import Decoding, SamplingParams, eos_ids
 
@@ -55,11 +57,9 @@ class DeviceWorker(threading.Thread):
         self.device = None
 
     def run(self) -> None:
-        from slimcaching.runtime.session import Device  # start-up: session imports transformers
-
         eng = self.engine
         try:
-            self.device = Device(eng.ctx, self.user, eng.addresses, eng.opts, eng.keyring_of(self.user))
+            self.device = Device(eng.ctx, self.user, eng.addresses, eng.config, eng.keyring_of(self.user))
             self.eos = eos_ids(self.device.model, self.device.tokenizer)
         except Exception as exc:  # the jobs waiting get the reason; the next request tries again
             self.load_error = f"device {self.user} could not start ({type(exc).__name__}: {str(exc)[:200]})"
@@ -129,13 +129,15 @@ class DeviceWorker(threading.Thread):
 class Engine:
     """Devices for the scenario's users against running nodes (``addresses``)."""
 
-    def __init__(self, ctx, addresses: dict[str, str], opts, *, keyring_of=None, metrics=None, log=None,
-                 max_devices: int = 64, max_queue: int = 16):
-        self.ctx, self.addresses, self.opts = ctx, addresses, opts
+    def __init__(self, ctx, addresses: dict[str, str], config, *, keyring_of=None, metrics=None, log=None,
+                 max_devices: int | None = None, max_queue: int | None = None):
+        config = as_config(config)  # a RuntimeConfig, or options that carry one
+        self.ctx, self.addresses, self.config = ctx, addresses, config
         self.keyring_of = keyring_of or (lambda user: None)
         self.metrics = metrics or NullMetrics()
         self.log = log or (lambda msg: None)
-        self.max_devices, self.max_queue = max_devices, max_queue
+        self.max_devices = config.max_devices if max_devices is None else max_devices
+        self.max_queue = config.max_queue if max_queue is None else max_queue
         self.workers: OrderedDict[str, DeviceWorker] = OrderedDict()
         self.lock = threading.Lock()
         self.ids = itertools.count(1)

@@ -27,7 +27,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.fileio import read_data_file
 from slimcaching.runtime import admin, protocol
 from slimcaching.runtime.cluster import load_context
-from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.node import NodeServer, rss_bytes
 from slimcaching.runtime.security import ADMIN, Keyring, ephemeral_keyrings, write_keyring_dir
 from slimcaching.runtime.weights import load_experts
@@ -242,10 +242,8 @@ class _NodeActor:
         ctx = load_context(kw["scenario"], kw["placement"], kw["model_dir"], kw["model_name"])
         source = ctx.expert_source()
         experts = load_experts(source, ctx.layout.held[name])
-        self.server = NodeServer(name, ctx.layout, experts, emulate=kw["emulate"], pace=kw["pace"],
-                                 deadline_factor=kw["deadline_factor"], deadline_floor_s=kw["deadline_floor_s"],
-                                 retry_after_s=kw["retry_after_s"], keyring=Keyring.from_dict(kw["keyring"]),
-                                 max_batch_rows=kw["max_batch_rows"], batch_wait_s=kw["batch_wait_s"])
+        self.server = NodeServer(name, ctx.layout, experts, config=RuntimeConfig.from_dict(kw["config"]),
+                                 keyring=Keyring.from_dict(kw["keyring"]))
         if name in ctx.layout.split_hosts:
             self.server.enable_split(ctx.model_dir)
         self.server.enable_relayout(source, {s.name: s.capacity_bytes for s in ctx.scenario.servers})
@@ -268,17 +266,14 @@ class LocalCluster:
     """Context manager: the nodes of a layout as local processes (or Ray actors)."""
 
     def __init__(self, nodes: list[str], scenario: str, placement: str, model_dir: str, model_name: str,
-                 workdir: Path, *, emulate: bool = True, pace: bool = False,
-                 deadline_factor: float = DEFAULTS.deadline_factor,
-                 deadline_floor_s: float = DEFAULTS.deadline_floor_s,
-                 retry_after_s: float = DEFAULTS.retry_after_s, start_timeout: float = DEFAULTS.start_timeout_s,
-                 launcher: str = "local", ray_address: str | None = None, users: list[str] = (),
-                 progress=None, max_batch_rows: int = DEFAULTS.max_batch_rows,
-                 batch_wait_s: float = DEFAULTS.batch_wait_s, ray_placement: dict | None = None):
+                 workdir: Path, *, config: RuntimeConfig = DEFAULTS, launcher: str = "local",
+                 ray_address: str | None = None, users: list[str] = (), progress=None,
+                 ray_placement: dict | None = None):
         self.names = nodes
         self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
-        self.start_timeout = start_timeout
+        self.config = config
+        self.start_timeout = config.start_timeout_s
         self.launcher = launcher
         self._ray_started = False
         self.ctx = zmq.Context.instance()
@@ -289,22 +284,13 @@ class LocalCluster:
             host = self._init_ray(ray_address)
             kw = {"scenario": str(Path(scenario).resolve()) if scenario not in ("", "default") else scenario,
                   "placement": str(Path(placement).resolve()), "model_dir": str(model_dir),
-                  "model_name": model_name, "emulate": emulate, "pace": pace,
-                  "deadline_factor": deadline_factor, "deadline_floor_s": deadline_floor_s,
-                  "retry_after_s": retry_after_s, "max_batch_rows": max_batch_rows, "batch_wait_s": batch_wait_s}
+                  "model_name": model_name, "config": config.to_dict()}
             placement = ray_placement or {}
             self.nodes = {n: RayNode(n, dict(kw, keyring=self.keyrings[n].to_dict()), host, placement.get(n))
                           for n in nodes}
             return
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
-                  "--model-name", model_name, "--parent-pid", str(os.getpid()),
-                  "--deadline-factor", str(deadline_factor), "--deadline-floor", str(deadline_floor_s),
-                  "--retry-after", str(retry_after_s), "--max-batch", str(max_batch_rows),
-                  "--batch-wait", str(batch_wait_s)]
-        if not emulate:
-            common.append("--no-emulate")
-        if pace:
-            common.append("--pace")
+                  "--model-name", model_name, "--parent-pid", str(os.getpid())] + config.node_argv()
         self.nodes = {}
         for n in nodes:
             keys = workdir / "keys" / n  # its own secret and every public key, nothing else

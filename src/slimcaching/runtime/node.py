@@ -39,7 +39,9 @@ from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
+from slimcaching.runtime.dispatch import Dispatcher, NoLiveHolder
 from slimcaching.runtime.executor import Batcher, ExpertExecutor, Job
+from slimcaching.runtime.health import PeerHealth
 from slimcaching.runtime.linkemu import release_time, schedule_path
 from slimcaching.runtime.protocol import ErrorReply, Pong, Relayout, Result, RunRequest, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
@@ -106,16 +108,11 @@ class NodeServer:
     """One node: the transport's loop calls :meth:`on_request` / :meth:`on_reply`; experts held
     here run on the executor, the others are relayed to their best live holder."""
 
-    def __init__(self, name: str, layout: Layout, experts: dict, *, emulate: bool = DEFAULTS.emulate,
-                 pace: bool = DEFAULTS.pace, deadline_factor: float = DEFAULTS.deadline_factor,
-                 deadline_floor_s: float = DEFAULTS.deadline_floor_s, retry_after_s: float = DEFAULTS.retry_after_s,
-                 keyring: Keyring | None = None, accepts_configure: bool = True, log=None,
-                 max_batch_rows: int = DEFAULTS.max_batch_rows, batch_wait_s: float = DEFAULTS.batch_wait_s):
+    def __init__(self, name: str, layout: Layout, experts: dict, *, config: RuntimeConfig = DEFAULTS,
+                 keyring: Keyring | None = None, accepts_configure: bool = True, log=None):
         self.name = name
         self.layout = layout
-        self.config = RuntimeConfig(emulate=emulate, pace=pace, deadline_factor=deadline_factor,
-                                    deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s,
-                                    max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
+        self.config = config
         self.log = log or (lambda msg: print(f"node {name}: {msg}", file=sys.stderr, flush=True))
         self.max_rows = limit("request_rows")
         self.max_in_flight_per_peer = limit("in_flight_per_peer")
@@ -123,19 +120,22 @@ class NodeServer:
         self.max_in_flight_bytes = limit("in_flight_bytes")
         self.in_flight_bytes = 0
         self.accepts_configure = accepts_configure
-        self.transport = Transport(name, layout, emulate, keyring=keyring,
+        self.transport = Transport(name, layout, config.emulate, keyring=keyring,
                                    max_message_bytes=layout.max_message_bytes(self.max_rows),
                                    max_connections=limit("connections"), log=self.log,
-                                   exempt=frozenset(layout.nodes) | {ADMIN})
+                                   exempt=frozenset(layout.nodes) | {ADMIN},
+                                   connect_grace_ms=config.peer_connect_grace_ms)
         self.stats = {"requests": 0, "executed": {}, "relayed": {}, "rejected": 0, "late_replies": 0,
                       "fallbacks": [], "compute_s": 0.0, "queue_s": 0.0, "errors": 0, "refused": {}}
-        self.executor = ExpertExecutor(name, layout, experts, pace)
+        self.executor = ExpertExecutor(name, layout, experts, config.pace)
         self.executor.stats = self.stats  # one stats record per node
         # batching across requests (executor.py); max_batch_rows 1: each request runs on its own, at once
-        self.batcher = Batcher(self.executor, max_batch_rows, batch_wait_s) if max_batch_rows > 1 else None
+        self.batcher = (Batcher(self.executor, config.max_batch_rows, config.batch_wait_s)
+                        if config.max_batch_rows > 1 else None)
         self.ids = itertools.count(1)
         self.pending: dict[int, Sub] = {}
-        self.dead_until: dict[str, float] = {}
+        self.health = PeerHealth(self.config.retry_after_s)
+        self.dispatch = Dispatcher(name, layout, self.config, self.health, self.ids)
         self.in_flight: dict[bytes, int] = {}  # sender (or connection) -> requests parked or running here
         self.internal_errors = 0  # exceptions caught while handling a message (each one answered)
         self.step_pending: dict[int, StepRelay] = {}  # split steps this node forwarded to their host
@@ -323,7 +323,7 @@ class NodeServer:
                      if (c := lay.candidates(msg.host, layer, e))), default=0.0)
         bound = lay.relay_s[(self.name, msg.host)] + lay.paced_dense_s(msg.host, n) + lay.layers * (
             worst + lay.paced_exec_s(msg.host, n))
-        if self.dead_until.get(msg.host, 0.0) > now or not self.transport.send_to_peer(msg.host, frames):
+        if not self.health.alive(msg.host, now) or not self.transport.send_to_peer(msg.host, frames):
             self._holder_failed(msg.host, "not connected")
             self._step_done(ident, who, msg.x.nbytes,
                             ErrorReply(msg.id, f"split host {msg.host} not connected", False).frames())
@@ -339,7 +339,7 @@ class NodeServer:
         req = relay.req
         if (isinstance(msg, Result) and len(msg.tensors) == 1 and msg.tensors[0].shape == (1, req.x.shape[1])
                 and msg.tensors[0].dtype == req.x.dtype):
-            self.dead_until.pop(req.host, None)
+            self.health.succeeded(req.host)
             res = Result(req.id, msg.experts, msg.tensors, msg.route, msg.node, msg.timing, msg.fallbacks)
             links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
             if req.reply_user is not None:
@@ -436,30 +436,19 @@ class NodeServer:
         self._maybe_finish(p)
 
     def _relay(self, p: Parent, relay: dict, exclude: frozenset) -> None:
-        lay = self.layout
         layer = p.req.layer
         now = time.time()
-        by_holder: dict[str, list[int]] = {}
-        for e in sorted(relay):
-            live = [n for _, n in lay.candidates(self.name, layer, e)
-                    if n != self.name and n not in exclude and self.dead_until.get(n, 0.0) <= now
-                    and n in self.transport.peers]
-            if not live:
-                p.failed = f"no live holder of expert {e} of layer {layer} (model {lay.model})"
-                return
-            by_holder.setdefault(live[0], []).append(e)
-        for holder, es in by_holder.items():
-            rows = sorted({r for e in es for r in relay[e]})
-            pos = {r: i for i, r in enumerate(rows)}
-            path = lay.paths[(self.name, holder)]
-            x = p.req.x if len(rows) == p.req.x.shape[0] else p.req.x[rows]  # rows: sorted, distinct
-            sub_req = RunRequest(next(self.ids), lay.model, layer, [(e, [pos[r] for r in relay[e]]) for e in es],
-                                 x, relay=False, reply_hops=reversed_path(path),
-                                 dtype_tag=p.req.dtype_tag)
-            links = [self.transport.link(hp) for hp in path]
+        try:
+            parts = self.dispatch.plan(layer, relay, exclude, connected=self.transport.peers)
+        except NoLiveHolder as exc:
+            p.failed = str(exc)
+            return
+        for part in parts:
+            holder, es = part.holder, part.experts
+            sub_req = self.dispatch.request(layer, part, p.req.x, p.req.dtype_tag)
+            links = [self.transport.link(hp) for hp in self.dispatch.path(holder)]
             frames = protocol.stamp(sub_req, lambda size, links=links: schedule_path(links, size, time.time()))
-            expected = lay.relay_s[(self.name, holder)] + lay.paced_exec_s(holder, len(rows))
-            sub = Sub(p, holder, es, now + self.config.deadline_factor * expected + self.config.deadline_floor_s, now)
+            sub = Sub(p, holder, es, self.dispatch.deadline(part, now), now)
             if not self.transport.send_to_peer(holder, frames):  # connection down: fall back at once
                 self._holder_failed(holder, "not connected")
                 p.fallbacks.append({"from": holder, "experts": es, "reason": "not connected"})
@@ -525,7 +514,7 @@ class NodeServer:
             self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
         elif isinstance(msg, Result) and msg.matches({e: len(p.req.rows_of(e)) for e in sub.experts}, hidden,
                                                      p.req.x.dtype):
-            self.dead_until.pop(sub.holder, None)
+            self.health.succeeded(sub.holder)
             for e, t in zip(msg.experts, msg.tensors):
                 p.outputs[e] = t
             p.ready_at = max(p.ready_at, time.time())
@@ -584,7 +573,7 @@ class NodeServer:
             return
         if self.batcher is not None:  # what waits for compute runs with the experts it was accepted for
             self.batcher.run_due(float("inf"))
-        self.layout = self.executor.layout = new_layout
+        self.layout = self.executor.layout = self.dispatch.layout = new_layout
         self.executor.experts = experts
         self.layout_version = msg.version
         st = self.stats.setdefault("relayouts", [])
@@ -593,7 +582,7 @@ class NodeServer:
         self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
 
     def _holder_failed(self, holder: str, reason: str) -> None:
-        self.dead_until[holder] = time.time() + self.config.retry_after_s
+        self.health.failed(holder)
         self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
 
     def _check_deadlines(self, now: float) -> None:
@@ -675,10 +664,8 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
         raise ScenarioError("bind", "without keys a node listens on loopback only: give the cluster file "
                             "'keys: DIR' (slimcaching keys), or --insecure on a network you trust", host)
     experts = load_experts(ctx.expert_source(), ctx.layout.held[name])
-    server = NodeServer(name, ctx.layout, experts, emulate=config.emulate, pace=config.pace,
-                        deadline_factor=config.deadline_factor, deadline_floor_s=config.deadline_floor_s,
-                        retry_after_s=config.retry_after_s, keyring=keyring, accepts_configure=accepts_configure,
-                        max_batch_rows=config.max_batch_rows, batch_wait_s=config.batch_wait_s)
+    server = NodeServer(name, ctx.layout, experts, config=config, keyring=keyring,
+                        accepts_configure=accepts_configure)
     if name in ctx.layout.split_hosts:
         server.enable_split(ctx.model_dir)
     server.enable_relayout(ctx.expert_source(), {s.name: s.capacity_bytes for s in ctx.scenario.servers})

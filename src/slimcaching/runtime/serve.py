@@ -12,6 +12,7 @@ started.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import socket
 import tempfile
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slimcaching.errors import ScenarioError
-from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.security import ADMIN, is_loopback
 
 
@@ -44,11 +45,20 @@ class ServeOptions:
     deadline_factor: float = DEFAULTS.deadline_factor
     deadline_floor_s: float = DEFAULTS.deadline_floor_s
     retry_after_s: float = DEFAULTS.retry_after_s
-    max_devices: int = 64
-    max_queue: int = 16
+    max_devices: int = DEFAULTS.max_devices
+    max_queue: int = DEFAULTS.max_queue
     max_batch_rows: int = DEFAULTS.max_batch_rows
     batch_wait_s: float = DEFAULTS.batch_wait_s
     ray_placement: dict | None = None
+
+    def runtime_config(self, **changes) -> RuntimeConfig:
+        """The settings the nodes and devices of this server share (``changes``: e.g. a cluster
+        file's ``emulate`` and ``pace``)."""
+        return dataclasses.replace(RuntimeConfig(
+            emulate=self.emulate, pace=self.pace, deadline_factor=self.deadline_factor,
+            deadline_floor_s=self.deadline_floor_s, retry_after_s=self.retry_after_s,
+            max_batch_rows=self.max_batch_rows, batch_wait_s=self.batch_wait_s, max_devices=self.max_devices,
+            max_queue=self.max_queue), **changes)
 
 
 def bind_http(host: str, port: int) -> socket.socket:
@@ -146,7 +156,6 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
     from slimcaching.runtime.engine import Engine
     from slimcaching.runtime.launch import LocalCluster  # optional extra (runtime: pyzmq)
     from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.session import RunOptions
 
     say = progress or (lambda msg: None)
     if opts.api_key is None and not opts.insecure and not is_loopback(opts.host):
@@ -165,8 +174,8 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                 data, sc, pl, md, ctx, addrs = cluster_inputs(opts.cluster, opts.scenario, opts.placement,
                                                               opts.model_dir, opts.model_name)
                 keys = data.get("keys")
-                emulate = opts.emulate and data.get("emulate") is not False
-                pace = opts.pace or bool(data.get("pace"))
+                config = opts.runtime_config(emulate=opts.emulate and data.get("emulate") is not False,
+                                             pace=opts.pace or bool(data.get("pace")))
 
                 def keyring_of(user: str):
                     return load_keyring(keys, user) if keys else None
@@ -179,15 +188,13 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                 if not (opts.scenario and opts.placement and opts.model_dir):
                     raise ScenarioError("scenario", "give SCENARIO PLACEMENT --model DIR, or --cluster FILE")
                 ctx = load_context(opts.scenario, opts.placement, opts.model_dir, opts.model_name)
-                sc, pl, emulate, pace = opts.scenario, opts.placement, opts.emulate, opts.pace
+                sc, pl, config = opts.scenario, opts.placement, opts.runtime_config()
                 users = [u.name for u in ctx.scenario.users]
                 workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slimcaching-serve-")))
                 say(f"starting {len(ctx.layout.nodes)} nodes ({', '.join(ctx.layout.nodes)})")
                 cluster = stack.enter_context(LocalCluster(
-                    ctx.layout.nodes, sc, str(pl), str(ctx.model_dir), ctx.layout.model, workdir, emulate=emulate,
-                    pace=pace, deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                    retry_after_s=opts.retry_after_s, launcher=opts.launcher, ray_address=opts.ray_address,
-                    users=users, progress=say, max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s,
+                    ctx.layout.nodes, sc, str(pl), str(ctx.model_dir), ctx.layout.model, workdir, config=config,
+                    launcher=opts.launcher, ray_address=opts.ray_address, users=users, progress=say,
                     ray_placement=opts.ray_placement))
                 addrs = cluster.addresses
                 keyring_of = cluster.keyring
@@ -195,11 +202,7 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                 def node_status() -> dict:
                     return {n: (st if st.get("alive") else None) for n, st in cluster.status().items()}
 
-            run_opts = RunOptions(str(sc), str(pl), str(ctx.model_dir), ctx.layout.model, emulate=emulate, pace=pace,
-                                  reference=False, deadline_factor=opts.deadline_factor,
-                                  deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s)
-            engine = Engine(ctx, addrs, run_opts, keyring_of=keyring_of, log=say, max_devices=opts.max_devices,
-                            max_queue=opts.max_queue)
+            engine = Engine(ctx, addrs, config, keyring_of=keyring_of, log=say)
             stack.callback(engine.close)
             first = ctx.scenario.users[0].name
             why = engine.preload(first)  # the default user's device: the first request should not wait for it

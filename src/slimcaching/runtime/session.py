@@ -12,7 +12,6 @@ serialisation, and what is left (software overhead).
 from __future__ import annotations
 
 import copy
-import gc
 import math
 import multiprocessing as mp
 import resource
@@ -26,12 +25,12 @@ import numpy as np
 
 from slimcaching.errors import ScenarioError
 from slimcaching.hf import load_model
-from slimcaching.latency import exec_time
 from slimcaching.limits import limit
 from slimcaching.problem import build_problem
 from slimcaching.queueing import simulate_queueing
+from slimcaching.runtime.client import Device
 from slimcaching.runtime.cluster import load_context
-from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.fallbacks import describe_fallback
 from slimcaching.scenario import WorkloadEntry
 
@@ -67,6 +66,13 @@ class RunOptions:
     batch_wait_s: float = DEFAULTS.batch_wait_s
     ray_placement: dict | None = None  # --launcher ray: node -> {host} or {resources} (launch.read_ray_placement)
     adapt: object = None  # an adaptive.ControllerConfig: re-place experts live as routing drifts (one user)
+
+    def runtime_config(self) -> RuntimeConfig:
+        """The settings every node and device of this run shares."""
+        return RuntimeConfig(emulate=self.emulate, pace=self.pace, deadline_factor=self.deadline_factor,
+                             deadline_floor_s=self.deadline_floor_s, retry_after_s=self.retry_after_s,
+                             start_timeout_s=self.start_timeout_s, max_batch_rows=self.max_batch_rows,
+                             batch_wait_s=self.batch_wait_s)
 
 
 def parse_events(items: list[str] | None, flag: str, nodes: list[str]) -> list[tuple[str, int]]:
@@ -116,78 +122,6 @@ def check_prompt_lengths(model_dir, prompts: list[str], max_new_tokens: int) -> 
         if n > rows:
             raise ScenarioError(f"prompts[{i}]", f"{n} tokens exceed the request_rows limit of {rows} "
                                 "(raise SLIMCACHING_LIMIT_REQUEST_ROWS if this is meant)")
-
-
-class Device:
-    """One user's device: the part of the model it runs (the dense part and its local experts, or
-    for split-style serving the embedding and head) and its client to the cluster (with a
-    :class:`~slimcaching.runtime.security.Keyring`: over CURVE, the nodes' keys pinned)."""
-
-    def __init__(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring=None, on_fallback=None):
-        from slimcaching.runtime.skeleton import LOAD_LOCK  # optional extra (hf)
-
-        with LOAD_LOCK:  # several devices of one process (serve) load one at a time
-            self._load(ctx, user, addresses, opts, keyring)
-        self.client.fallbacks.on_add = on_fallback  # hears of each fallback as it happens
-
-    def _load(self, ctx, user: str, addresses: dict[str, str], opts: RunOptions, keyring) -> None:
-        import torch  # optional extra (hf)
-        from transformers import AutoTokenizer  # optional extra (hf)
-
-        from slimcaching.runtime.device import (  # optional extra (runtime: pyzmq)
-            DeviceClient,
-            install,
-            load_device_model,
-        )
-
-        # one intra-op thread: a pool that sleeps between layers wakes up in milliseconds (measured: 1.5 ms
-        # per index_add_ on a 2-core machine), far more than a decoded token's work here
-        torch.set_num_threads(1)
-        lay = ctx.layout
-        self.user, self.layout, self.pace = user, lay, opts.pace
-        self.split = lay.way(user) != "slimcaching"
-        if self.split:  # split-style: embeddings and head here, every layer at the split host
-            from slimcaching.runtime.skeleton import load_partial_model  # optional extra (hf)
-            from slimcaching.runtime.split import SplitClient  # optional extra (runtime: pyzmq)
-
-            self.model, _ = load_partial_model(str(ctx.model_dir), drop="layers")
-            self.local = {}
-            self.client = SplitClient(user, lay, addresses, emulate=opts.emulate,
-                                      deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                                      retry_after_s=opts.retry_after_s, keyring=keyring)
-        else:
-            self.model, _, self.local = load_device_model(ctx.model_dir, lay, user)
-            self.client = DeviceClient(user, lay, addresses, self.local, emulate=opts.emulate, pace=opts.pace,
-                                       deadline_factor=opts.deadline_factor, deadline_floor_s=opts.deadline_floor_s,
-                                       retry_after_s=opts.retry_after_s, keyring=keyring)
-            install(self.model, self.client)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(ctx.model_dir))
-        gc.collect()
-        m = ctx.scenario.model_by_name[lay.model]
-        flops, bw = lay.user_hw[user]
-        self._dense = (m.dense_flops, m.dense_bytes, flops, bw)
-
-    def dense_exec(self, tokens: int) -> float:
-        f, b, flops, bw = self._dense
-        return exec_time(f * tokens, b, flops, bw)
-
-    def generate(self, prompt, max_new_tokens: int, *, on_token=None, arrivals=None, session_prefix: str = "p",
-                 decoding=None) -> dict:
-        """One prompt (text or token ids) through the cluster: ``{"tokens", "logits", "steps"}``."""
-        from slimcaching.runtime.device import generate  # optional extra (runtime: pyzmq)
-
-        if self.split:
-            from slimcaching.runtime.split import generate_split  # optional extra (runtime: pyzmq)
-
-            own = self.layout.user_split_s.get(self.user, 0.0) if self.pace else 0.0
-            return generate_split(self.model, self.tokenizer, prompt, max_new_tokens, self.client, on_token=on_token,
-                                  arrivals=arrivals, session_prefix=session_prefix, decoding=decoding, pace_s=own)
-        return generate(self.model, self.tokenizer, prompt, max_new_tokens, self.client, pace=self.pace,
-                        dense_s=self.layout.user_dense_s[self.user], dense_exec=self.dense_exec, on_token=on_token,
-                        arrivals=arrivals, decoding=decoding)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def device_session(ctx, user: str, prompts: list[str], addresses: dict[str, str], opts: RunOptions,
@@ -330,12 +264,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     t_start = time.time()
     say(f"starting {len(lay.nodes)} nodes ({', '.join(lay.nodes)})")
     with LocalCluster(lay.nodes, opts.scenario, opts.placement, str(ctx.model_dir), lay.model, workdir,
-                      emulate=opts.emulate, pace=opts.pace, deadline_factor=opts.deadline_factor,
-                      deadline_floor_s=opts.deadline_floor_s, retry_after_s=opts.retry_after_s,
-                      start_timeout=opts.start_timeout_s, launcher=opts.launcher,
-                      ray_address=opts.ray_address, users=users, progress=say,
-                      max_batch_rows=opts.max_batch_rows, batch_wait_s=opts.batch_wait_s,
-                      ray_placement=opts.ray_placement) as cluster:
+                      config=opts.runtime_config(), launcher=opts.launcher, ray_address=opts.ray_address,
+                      users=users, progress=say, ray_placement=opts.ray_placement) as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:

@@ -38,16 +38,16 @@ import zmq
 from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
-from slimcaching.runtime.config import DEFAULTS
+from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
+from slimcaching.runtime.dispatch import Dispatcher
 from slimcaching.runtime.fallbacks import FallbackLog
+from slimcaching.runtime.health import PeerHealth
 from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
-from slimcaching.runtime.protocol import ErrorReply, Result, RunRequest, SplitEnd, SplitStep
-from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
+from slimcaching.runtime.protocol import ErrorReply, Result, SplitEnd, SplitStep
+from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.tensors import to_numpy, to_torch
 from slimcaching.runtime.transport import dealer_socket, send_now
 from slimcaching.runtime.weights import run_expert
-
-CONNECT_GRACE_MS = 100
 
 
 class SessionLost(RuntimeError):
@@ -84,8 +84,7 @@ class HostExperts:
         self.lock = lock
         self.socks: dict[str, zmq.Socket] = {}
         self.addresses: dict[str, str] = {}
-        self.ids = itertools.count(1)
-        self.dead_until: dict[str, float] = {}
+        self.dispatch = Dispatcher(node, layout, config)
         self.reports: list[LayerReport] | None = None
         self.expert_seconds = 0.0
         self.fallbacks: list[dict] = []
@@ -143,37 +142,24 @@ class HostExperts:
 
     def _send(self, layer: int, x, remote: dict[int, list[int]], exclude: frozenset) -> dict:
         """Requests to the best live holders of ``remote``: request id -> (holder, experts, deadline)."""
-        lay = self.layout
         now = time.time()
-        by_holder: dict[str, list[int]] = {}
-        for e in sorted(remote):
-            live = [n for _, n in lay.candidates(self.node, layer, e)
-                    if n != self.node and n not in exclude and self.dead_until.get(n, 0.0) <= now]
-            if not live:
-                raise RuntimeError(f"no live holder of expert {e} of layer {layer} (model {lay.model})")
-            by_holder.setdefault(live[0], []).append(e)
+        tag = "bfloat16" if str(x.dtype) == "torch.bfloat16" else None
         out = {}
-        for holder, es in by_holder.items():
-            rows = sorted({r for e in es for r in remote[e]})
-            pos = {r: i for i, r in enumerate(rows)}
-            path = lay.paths[(self.node, holder)]
-            tag = "bfloat16" if str(x.dtype) == "torch.bfloat16" else None
-            req = RunRequest(next(self.ids), lay.model, layer, [(e, [pos[r] for r in remote[e]]) for e in es],
-                             to_numpy(x[rows]), relay=False, reply_hops=reversed_path(path), dtype_tag=tag)
-            links = [self.transport.link(hp) for hp in path]
+        for part in self.dispatch.plan(layer, remote, exclude):
+            holder, es = part.holder, part.experts
+            req = self.dispatch.request(layer, part, to_numpy(x[part.rows]), tag)
+            links = [self.transport.link(hp) for hp in self.dispatch.path(holder)]
             frames = protocol.stamp(req, lambda size, links=links: schedule_path(links, size, time.time()))
-            expected = lay.relay_s[(self.node, holder)] + lay.paced_exec_s(holder, len(rows))
             sock = self._sock(holder)
-            if sock is None or not send_now(sock, frames, CONNECT_GRACE_MS):
+            if sock is None or not send_now(sock, frames, self.config.connect_grace_ms):
                 self._failed(holder, layer, es, "not connected")
                 out.update(self._send(layer, x, {e: remote[e] for e in es}, exclude | {holder}))
                 continue
-            deadline = now + self.config.deadline_factor * expected + self.config.deadline_floor_s
-            out[req.id] = (holder, es, deadline, {e: len(remote[e]) for e in es})
+            out[req.id] = (holder, es, self.dispatch.deadline(part, now), part.rows_per_expert())
         return out
 
     def _failed(self, holder: str, layer: int, experts, reason: str) -> None:
-        self.dead_until[holder] = time.time() + self.config.retry_after_s
+        self.dispatch.health.failed(holder)
         self.fallbacks.append({"t": time.time(), "holder": holder, "layer": layer, "experts": list(experts),
                                "reason": reason})
 
@@ -432,21 +418,20 @@ class SplitClient:
     """One user's split-style device side: sends ``step`` messages through the access server to
     the current host, fails over along the user's order of hosts (see the module docstring)."""
 
-    def __init__(self, user: str, layout: Layout, addresses: dict[str, str], *, emulate: bool = True,
-                 deadline_factor: float = DEFAULTS.deadline_factor, deadline_floor_s: float = DEFAULTS.deadline_floor_s,
-                 retry_after_s: float = DEFAULTS.retry_after_s, keyring=None):
+    def __init__(self, user: str, layout: Layout, addresses: dict[str, str], *, config: RuntimeConfig = DEFAULTS,
+                 keyring=None):
         self.user = user
         self.layout = layout
         self.home = layout.homes[user]
         self.hosts = [w for _, w in layout.ways[user] if w != "slimcaching"]
         self.addresses = addresses
         self.keyring = keyring
-        self.deadline_factor, self.deadline_floor_s, self.retry_after_s = (deadline_factor, deadline_floor_s,
-                                                                           retry_after_s)
+        self.config = config
+        emulate = config.emulate
         self.ctx = zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}
         self.ids = itertools.count(1)
-        self.dead_until: dict[str, float] = {}
+        self.health = PeerHealth(config.retry_after_s)
         self.fallbacks: list[dict] = FallbackLog()
         self.late_replies = 0
         inf = (float("inf"), 0.0)
@@ -464,7 +449,7 @@ class SplitClient:
         """The reached server a step to ``host`` goes through: the least a_{u,v} + c_{v,host} among
         the live ones."""
         now = time.time()
-        live = [v for v in self.layout.vias(self.user) if self.dead_until.get(v, 0.0) <= now]
+        live = [v for v in self.layout.vias(self.user) if self.health.alive(v, now)]
         if not live:
             return self.home
         lay = self.layout
@@ -482,11 +467,8 @@ class SplitClient:
         self.socks.clear()
 
     def host(self) -> str:
-        now = time.time()
-        for h in self.hosts:
-            if self.dead_until.get(h, 0.0) <= now:
-                return h
-        return self.hosts[-1]
+        alive = self.health.first_alive(self.hosts)
+        return self.hosts[-1] if alive is None else alive
 
     def _deadline(self, host: str, tokens: int) -> float:
         lay = self.layout
@@ -494,7 +476,7 @@ class SplitClient:
                      if (c := lay.candidates(host, layer, e))), default=0.0)
         bound = (lay.best_via_to(self.user, host)[0] + lay.paced_dense_s(host, tokens)
                  + lay.layers * (worst + lay.paced_exec_s(host, tokens)))
-        return self.deadline_factor * bound + 3.0 * self.deadline_floor_s
+        return self.config.deadline_factor * bound + 3.0 * self.config.deadline_floor_s
 
     def step(self, session: str, start: int, x: np.ndarray, tag: str | None, history) -> tuple[Result, dict]:
         """Run one step; returns the host's result and what happened (host, rebuilt from 0, the
@@ -505,7 +487,7 @@ class SplitClient:
         while True:
             host = self.host()
             via = self.via(host)
-            direct = self.dead_until.get(via, 0.0) > time.time()  # every access server is down
+            direct = not self.health.alive(via)  # every access server is down
             if direct and host != CLOUD:
                 host = CLOUD
             target = CLOUD if direct else via
@@ -528,7 +510,7 @@ class SplitClient:
                     self.fallbacks[-1]["recovery_s"] = time.time() - t0
                 return got, info
             failed = target if got in ("no reply", "not connected") else host
-            self.dead_until[failed] = time.time() + self.retry_after_s
+            self.health.failed(failed)
             self.fallbacks.append({"t": time.time(), "node": failed, "reason": got, "to": self.host(),
                                    "session": session})
             if start > 0:  # the session goes to another host: it rebuilds the cache from position 0
@@ -537,7 +519,7 @@ class SplitClient:
 
     def _exchange(self, target: str, req: SplitStep, deadline: float):
         sock = self._sock(target)
-        if not send_now(sock, req.frames(), CONNECT_GRACE_MS):
+        if not send_now(sock, req.frames(), self.config.connect_grace_ms):
             return "not connected"
         while True:
             left = deadline - time.time()
@@ -563,12 +545,12 @@ class SplitClient:
                 return "reply due far after the deadline"
             if msg.deliver_at is not None:
                 sleep_until(release_time(msg.deliver_at, received_at))
-            self.dead_until.pop(target, None)
+            self.health.succeeded(target)
             return msg
 
     def end(self, session: str, host: str) -> None:
         """Tell the host the session is over (best effort: its cache is also dropped when old)."""
-        target = self.home if self.dead_until.get(self.home, 0.0) <= time.time() else CLOUD
+        target = self.home if self.health.alive(self.home) else CLOUD
         try:
             self._sock(target).send_multipart(SplitEnd(next(self.ids), self.user, session, host).frames(), zmq.NOBLOCK)
         except zmq.ZMQError:

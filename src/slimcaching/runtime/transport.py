@@ -22,12 +22,12 @@ import time
 
 import zmq
 
+from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.linkemu import Link
 from slimcaching.runtime.routing import Layout
 from slimcaching.runtime.security import ZAP_DOMAIN, Gatekeeper, Keyring
 
 INF_LINK = (float("inf"), 0.0)
-CONNECT_GRACE_MS = 50  # a peer whose connection is not up after this long counts as down
 HANDSHAKE_MS = 5000  # a connection that has not completed its handshake by then is dropped
 RECEIVE_QUEUE = 64  # messages ZeroMQ queues per connection before the loop reads them
 
@@ -37,12 +37,13 @@ class Transport:
 
     def __init__(self, name: str, layout: Layout, emulate: bool = True, *, keyring: Keyring | None = None,
                  max_message_bytes: int = 1 << 30, max_connections: int = 1024, log=None,
-                 exempt: frozenset = frozenset()):
+                 exempt: frozenset = frozenset(), connect_grace_ms: int = DEFAULTS.peer_connect_grace_ms):
         self.name = name
         self.layout = layout
         self.emulate = emulate
         self.keyring = keyring
         self.max_message_bytes = max_message_bytes
+        self.connect_grace_ms = connect_grace_ms  # a peer whose connection is not up after this long counts as down
         self.log = log or (lambda msg: None)
         self.ctx = zmq.Context()  # its own: one ZAP handler per context
         self.gate = Gatekeeper(self.ctx, keyring, max_connections, self.log, exempt)
@@ -98,7 +99,7 @@ class Transport:
     def send_to_peer(self, peer: str, frames: list) -> bool:
         """Send without waiting; False when the peer's connection is not up."""
         sock = self.peers.get(peer)
-        return sock is not None and send_now(sock, frames, CONNECT_GRACE_MS)
+        return sock is not None and send_now(sock, frames, self.connect_grace_ms)
 
     def watch(self, sock, handler) -> None:
         """Poll ``sock`` in this loop too; ``handler()`` runs when it is readable."""
