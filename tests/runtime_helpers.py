@@ -73,7 +73,7 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
                          keyring=keyrings[n] if keyrings else None, accepts_configure=accepts_configure)
         if n in ctx.layout.split_hosts:
             srv.enable_split(ctx.model_dir)
-        srv.enable_relayout(source, {s.name: s.capacity_bytes for s in ctx.scenario.servers})
+        srv.enable_relayout(source, ctx.expert_room())
         addrs[n] = f"tcp://127.0.0.1:{srv.bind('127.0.0.1', 0)}"
         servers[n] = srv
     for srv in servers.values():

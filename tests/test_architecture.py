@@ -175,3 +175,28 @@ def test_only_the_cli_imports_typer():
             if any(n.split(".")[0] == "typer" for n in names):
                 bad.append(f"{name}:{node.lineno}")
     assert not bad, "typer outside cli/: " + ", ".join(bad)
+
+
+def test_serving_does_not_pass_through_the_cluster_run_harness():
+    """``serve``'s engine reaches devices through runtime.client, never through ``cluster run``'s
+    harness (session) or its launcher (imports inside functions count)."""
+    reach = nx.descendants(import_graph(), "slimcaching.runtime.engine")
+    assert "slimcaching.runtime.client" in reach
+    assert not reach & {"slimcaching.runtime.session", "slimcaching.runtime.launch"}, sorted(reach)
+
+
+def test_one_peer_health_tracker():
+    """Failed peers are banned in one place (runtime/health.py), not by a dict per sender."""
+    bad = [name for name, path in MODULES.items()
+           if name.startswith("slimcaching.runtime.") and "dead_until" in path.read_text()]
+    assert not bad, bad
+
+
+def test_one_capacity_tolerance():
+    """"Does it fit" is slimcaching.capacity.fits everywhere: no module writes its own slack."""
+    import re
+
+    slack = re.compile(r"(capacity|free|room|cache_bytes)\b.*(\(1 [+-] 1e-\d+\)|\* 1e-\d+\b)")
+    bad = [f"{name}: {line.strip()}" for name, path in MODULES.items() if name != "slimcaching.capacity"
+           for line in path.read_text().splitlines() if slack.search(line) and "slots" not in line]
+    assert not bad, bad

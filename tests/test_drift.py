@@ -354,6 +354,7 @@ def test_a_check_replans_when_it_has_something_new(since, window, change, due):
 def test_the_drift_controller_replans_a_full_window_every_few_checks(monkeypatch):
     """On the quick task switch: with replan_every_checks = 1 the adaptive re-plans at every check;
     with 3, only while its window fills, at the change point and every third check otherwise."""
+    from slimcaching import adaptive
     from slimcaching.experiments import drift
 
     label, base = drift.drift_scenarios(True)[0]
@@ -363,18 +364,18 @@ def test_the_drift_controller_replans_a_full_window_every_few_checks(monkeypatch
     calls = {}
     for every in (1, 3):
         seen = calls.setdefault(every, [])
-        real = drift.decide
+        real = adaptive.decide  # the adaptive's checks run adaptive.Controller
 
         def counting(plan_on, judge_on, x_now, config, *args, seen=seen, real=real, **kw):
             if config.horizon_tokens == drift.QUICK.controller.horizon_tokens and config.hysteresis > 0:
                 seen.append(1)  # the adaptive's own (the clairvoyant's has no hysteresis)
             return real(plan_on, judge_on, x_now, config, *args, **kw)
 
-        monkeypatch.setattr(drift, "decide", counting)
+        monkeypatch.setattr(adaptive, "decide", counting)
         settings = dataclasses.replace(drift.QUICK, controller=dataclasses.replace(
             drift.QUICK.controller, replan_every_checks=every))
         rows = drift.run_pattern(sc, label, "task-switch", settings)
-        monkeypatch.setattr(drift, "decide", real)
+        monkeypatch.setattr(adaptive, "decide", real)
         assert len([r for r in rows if r["strategy"] == "adaptive"]) == checks
     assert len(calls[1]) == checks - 1
     # checks 1 (filling), 4, 7, 10 at least; the change point at the switch may add one

@@ -108,6 +108,17 @@ def test_only_the_operator_may_relayout_and_the_message_is_validated():
         protocol.parse(protocol.encode({"op": "relayout", "id": 1, "version": 0, "edge": {}}))
 
 
+def test_a_relayout_must_fit_the_room_left_by_dense_parts():
+    """A server hosting a dense part has only the rest of its capacity for a relayout's experts."""
+    from types import SimpleNamespace
+
+    layout = SimpleNamespace(nodes=["e0", "cloud"], layers=2, experts=4)
+    msg = protocol.Relayout(1, 2, {"e0": [[0, 1], [1, 2], [1, 3]]})
+    assert msg.check(layout, {"e0": 3000.0}, 1000.0) is None
+    assert "exceed" in msg.check(layout, {"e0": 3000.0 - 500.0}, 1000.0)  # 500 bytes of dense part
+    assert "exceed" in msg.check(layout, {}, 1000.0)
+
+
 def test_cluster_run_adapt_re_places_experts_live(tmp_path, capsys):
     from slimcaching.cli import main
 

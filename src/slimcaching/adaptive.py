@@ -236,3 +236,44 @@ def split_window(observed: dict[int, list[np.ndarray]]) -> tuple[dict, dict]:
 def estimate_problem(sc_phase: Scenario, observed: dict[int, list[np.ndarray]]) -> Problem:
     """The problem the controller plans on: the scenario with the observed profiles."""
     return build_problem(estimated_scenario(sc_phase, observed))
+
+
+class Controller:
+    """The controller's state from check to check: where its window starts (the last change
+    point) and when it last re-planned. One :meth:`check` is the module docstring's rule: the
+    change-point test, the re-plan rule, then :func:`decide`. The drift experiment and the
+    runtime's live re-placement both drive this one object; they differ only in where tokens
+    come from (``observe``) and what a switch does.
+
+    Positions are token counts since the start (``now`` at a check); ``observe(lo, hi)`` returns
+    tokens ``lo .. hi - 1`` as {model: [per-layer arrays of sets]}.
+    """
+
+    def __init__(self, config: ControllerConfig):
+        self.config = config
+        self.since = 0  # the window may start here (the last change point)
+        self.checks = 0
+        self.last_replan = 0  # the check it last re-planned at
+
+    def window_start(self, now: int) -> int:
+        """The first token of the window at token ``now``."""
+        return max(self.since, now - self.config.window_tokens)
+
+    def check(self, scenario: Scenario, now: int, observe, x_now: np.ndarray,
+              under_way: list[tuple[float, np.ndarray]] | None = None) -> Decision | None:
+        """One check at token ``now`` with ``x_now`` serving: the decision when it re-planned, else
+        None. ``under_way``: as in :func:`decide`."""
+        cfg, c = self.config, self.config.check_tokens
+        self.checks += 1
+        lo = self.window_start(now)
+        change = now - lo >= 2 * c and changed(estimate_problem(scenario, observe(now - c, now)),
+                                               estimate_problem(scenario, observe(lo, now - c)), x_now, cfg,
+                                               c, now - c - lo)
+        if change:  # the tokens before the last check belong to another workload
+            self.since = lo = now - c
+        if not replan_due(cfg, self.checks - self.last_replan, now - lo, change):
+            return None
+        self.last_replan = self.checks
+        half_a, half_b = split_window(observe(lo, now))
+        return decide(estimate_problem(scenario, half_a), estimate_problem(scenario, half_b), x_now, cfg,
+                      observed_tokens(half_b), under_way=under_way)

@@ -26,6 +26,7 @@ from slimcaching.algorithms.core.decomposition import Decomposition
 from slimcaching.algorithms.core.groups import PrefixGroup, prefix_form
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table, zeta_table
+from slimcaching.capacity import how_many
 from slimcaching.formulation import build_formulation, solve_lp_bound
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
@@ -115,7 +116,7 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
                 used[e] = False
                 n_cand = int(used.sum())
                 size = float(p.item_size[lo])
-                kmax = min(int(np.floor(cap[j - 1] / size + 1e-9)), n_cand)
+                kmax = min(how_many(cap[j - 1], size), n_cand)
                 if n_cand <= MAX_ZETA_CANDIDATES:
                     compact = np.cumsum(used) - 1
                     masks, coefs = prefix_form(compact[lidx], present, rc, np.full(len(w), lo_cost), local, access, w)

@@ -68,6 +68,30 @@ def message_round_trip(overhead_a: float, overhead_b: float) -> float:
     return 2.0 * (overhead_a + overhead_b)
 
 
+def relay_round_trip(path_s: float, overhead_src: float, overhead_dst: float) -> float:
+    """A relay between two servers ``c_{n,n'}``: the one-way shortest path ``path_s`` there and
+    back, plus the two messages' software time.
+
+    >>> round(relay_round_trip(0.009, 0.0002, 0.0003), 12)
+    0.019
+    """
+    return 2.0 * path_s + message_round_trip(overhead_src, overhead_dst)
+
+
+def cloud_round_trip(bits: float, rate_bps: float, rtt_s: float, overhead_server: float,
+                     overhead_cloud: float) -> float:
+    """A server's relay to the cloud ``c_{n,cloud}``: :func:`backhaul_time` plus the two messages'
+    software time."""
+    return backhaul_time(bits, rate_bps, rtt_s) + message_round_trip(overhead_server, overhead_cloud)
+
+
+def user_round_trip(bits: float, uplink_bps: float, downlink_bps: float, rtt_s: float, overhead_user: float,
+                    overhead_server: float) -> float:
+    """A device's request to a server it reaches, ``a_{u,v}``: :func:`access_time` plus the two
+    messages' software time (device and server)."""
+    return access_time(bits, uplink_bps, downlink_bps, rtt_s) + message_round_trip(overhead_user, overhead_server)
+
+
 def relay_graph(nodes: Iterable, links: Iterable[tuple], bits: float) -> nx.Graph:
     """The server-link graph for one hidden state of ``bits``.
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from slimcaching.capacity import fits
 from slimcaching.latency import relay_graph
 from slimcaching.problem import Problem
 
@@ -202,7 +203,7 @@ def migration_stages(problem: Problem, costs: MoveCosts, x_old: np.ndarray, x_ne
         for i in adds:
             t += float(costs.seconds[n, i])
             gone = []
-            while used + size[i] > room * (1 + 1e-9) + 1e-6 and drops:
+            while not fits(used + size[i], room) and drops:
                 d = drops.pop(0)
                 used -= size[d]
                 gone.append(d)

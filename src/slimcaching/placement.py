@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
 )
 
+from slimcaching.capacity import fits
 from slimcaching.errors import CONTROL_CHARACTERS, ScenarioError, has_control_characters
 from slimcaching.fileio import read_json_text
 from slimcaching.problem import Problem
@@ -40,11 +41,13 @@ class Placement:
     latency_model: str = "slimcaching"  # how it is served: see slimcaching.architectures.LATENCY_MODELS
     dense: np.ndarray | None = None  # [N, M] bool: server n stores model m's dense part (docs/model.md §architectures)
 
+    def edge(self, problem: Problem) -> dict[str, list[list]]:
+        """The file's ``edge`` mapping: server -> [[model, layer, expert], ...]."""
+        return {s: [list(problem.item_key(i)) for i in np.nonzero(self.x[n])[0]]
+                for n, s in enumerate(problem.server_names)}
+
     def to_dict(self, problem: Problem, mean_latency: float | None = None) -> dict:
-        edge = {
-            s: [list(problem.item_key(i)) for i in np.nonzero(self.x[n])[0]]
-            for n, s in enumerate(problem.server_names)
-        }
+        edge = self.edge(problem)
         out = {
             "format": PLACEMENT_FORMAT,
             "algorithm": self.algorithm,
@@ -159,7 +162,7 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
                 dense[sidx[server], mi] = True
     used = problem.check_capacity(x, dense)
     for n, s in enumerate(problem.server_names):
-        if used[n] > problem.capacity[n] * (1 + 1e-9) + 1e-6:
+        if not fits(used[n], problem.capacity[n]):
             what = "edge and dense parts" if dense is not None and dense[n].any() else "edge"
             raise ScenarioError(f"{where}.edge.{s}", f"uses {used[n]:.6g} bytes ({what}), capacity is "
                                 f"{problem.capacity[n]:.6g}")

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slimcaching.latency import access_time, backhaul_time, exec_time, message_round_trip, relay_graph
+from slimcaching.capacity import fits
+from slimcaching.latency import cloud_round_trip, exec_time, relay_graph, relay_round_trip, user_round_trip
 from slimcaching.scenario import Scenario, resolve_local_caches
 
 INF = np.inf
@@ -53,12 +54,12 @@ def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
             si = idx[src]
             for dst, d in dists.items():
                 di = idx[dst]
-                c_edge[si, di, mi] = 2.0 * d + message_round_trip(sc.servers[si].message_overhead_s,
-                                                                  sc.servers[di].message_overhead_s)
+                c_edge[si, di, mi] = relay_round_trip(d, sc.servers[si].message_overhead_s,
+                                                      sc.servers[di].message_overhead_s)
             c_edge[si, si, mi] = 0.0
         for si, s in enumerate(sc.servers):
-            c_cloud[si, mi] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s) + message_round_trip(
-                s.message_overhead_s, sc.cloud.message_overhead_s)
+            c_cloud[si, mi] = cloud_round_trip(bits, s.cloud_rate_bps, s.cloud_rtt_s, s.message_overhead_s,
+                                               sc.cloud.message_overhead_s)
     return c_edge, c_cloud
 
 
@@ -248,7 +249,7 @@ class Problem:
         return used
 
     def feasible(self, x: np.ndarray, dense: np.ndarray | None = None) -> bool:
-        return bool(np.all(self.check_capacity(x, dense) <= self.capacity * (1 + 1e-9) + 1e-6))
+        return bool(np.all(fits(self.check_capacity(x, dense), self.capacity)))
 
 
 def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
@@ -307,8 +308,8 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     c_edge, c_cloud = relay_costs(sc)
 
     def user_access(u, m) -> float:  # a_u with the two messages' overhead (device and home)
-        return (access_time(8.0 * m.hidden_bytes, u.uplink_bps, u.downlink_bps, u.rtt_s)
-                + message_round_trip(u.message_overhead_s, servers[sidx[u.home]].message_overhead_s))
+        return user_round_trip(8.0 * m.hidden_bytes, u.uplink_bps, u.downlink_bps, u.rtt_s, u.message_overhead_s,
+                               servers[sidx[u.home]].message_overhead_s)
 
     server_exec = np.array([[exec_time(m.expert_flops, m.expert_bytes, s.flops, s.mem_bandwidth)
                              for m in models] for s in servers]).reshape(n, len(models))
@@ -356,10 +357,9 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
                     a_home = user_access(u, m)
                     d[sidx[u.home], mi] = 0.0
                     for rv in u.reach:
-                        d[sidx[rv.server], mi] = (access_time(bits, rv.uplink_bps, rv.downlink_bps, rv.rtt_s)
-                                                  + message_round_trip(u.message_overhead_s,
-                                                                       servers[sidx[rv.server]].message_overhead_s)
-                                                  - a_home)
+                        d[sidx[rv.server], mi] = user_round_trip(
+                            bits, rv.uplink_bps, rv.downlink_bps, rv.rtt_s, u.message_overhead_s,
+                            servers[sidx[rv.server]].message_overhead_s) - a_home
                 home_delta.append(d)
             class_home[c] = virtual[vkey]
         lam = sum(sc.users[k].rate for k in members)

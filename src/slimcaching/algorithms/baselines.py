@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from slimcaching.algorithms import Param, register
+from slimcaching.capacity import fits
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -14,7 +15,7 @@ def fill_in_order(problem: Problem, server: int, order: np.ndarray, x: np.ndarra
     free = problem.capacity[server] - float(x[server] @ problem.item_size)
     sizes = problem.item_size
     for i in order:
-        if not x[server, i] and sizes[i] <= free * (1 + 1e-12):
+        if not x[server, i] and fits(sizes[i], free):
             x[server, i] = True
             free -= sizes[i]
 

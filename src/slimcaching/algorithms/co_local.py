@@ -19,6 +19,7 @@ import numpy as np
 from slimcaching.algorithms.core.groups import build_group, pattern_bits
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack
 from slimcaching.algorithms.core.values import value_table
+from slimcaching.capacity import how_many
 from slimcaching.problem import Problem, build_problem
 from slimcaching.scenario import Scenario
 
@@ -50,7 +51,7 @@ def _class_cache(q: Problem, c: int, capacity: float, exact_budget: float) -> li
         gp = build_group(items[sel], valid[sel], tables[sel])
         m = int(g // 100000)
         s = q.scenario.models[m].expert_bytes
-        kmax = int(min(q.scenario.models[m].experts, np.floor(capacity / s + 1e-9)))
+        kmax = int(min(q.scenario.models[m].experts, how_many(capacity, s)))
         groups.append(value_table(gp, kmax, exact_budget))
         sizes.append(s)
     units, cap, _ = capacity_units(np.array(sizes), capacity)

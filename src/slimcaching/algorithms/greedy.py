@@ -42,6 +42,7 @@ import itertools
 import numpy as np
 
 from slimcaching.algorithms import Param, register
+from slimcaching.capacity import fits
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -119,7 +120,7 @@ class _Greedy:
         # building a tuple per (server, item) when only the best few thousand are ever reached.
         # Blind gains only fall as caches grow, so entries without one are left out (they would be
         # popped and dropped); true gains at K >= 2 can rise, so all stay
-        ok = ~x & (size[None, :] <= free[:, None] * (1 + 1e-12)) & ((gains > 0) | (not self.blind))
+        ok = ~x & fits(size[None, :], free[:, None]) & ((gains > 0) | (not self.blind))
         ns, items = np.nonzero(ok)
         stream = _SortedEntries(-gains[ns, items] / size[items], ns, items)
         heap: list = []
@@ -131,7 +132,7 @@ class _Greedy:
                 neg, n, i, seen = stream.pop()
             else:
                 break
-            if x[n, i] or size[i] > free[n] * (1 + 1e-12):
+            if x[n, i] or not fits(size[i], free[n]):
                 continue
             g = -neg * size[i] if self.blind and seen == version[i] else self.gain(r, n, i)
             if g <= 0:
@@ -195,8 +196,7 @@ def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Pl
     empty = problem.empty_placement()
     r0 = problem.remote_cost(empty)
     single = g.all_gains(r0)
-    fits = problem.item_size[None, :] <= problem.capacity[:, None] * (1 + 1e-12)
-    single = np.where(fits, single, -np.inf)
+    single = np.where(fits(problem.item_size[None, :], problem.capacity[:, None]), single, -np.inf)
 
     def surrogate(x):
         if not blind:

@@ -33,6 +33,7 @@ from slimcaching.algorithms.slimcaching import slimcaching, slimcaching_fast, su
 from slimcaching.algorithms.u_shaped import partial_hosts, whole_model_hosts
 from slimcaching.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
 from slimcaching.architectures import utilisation as expected_utilisation
+from slimcaching.capacity import fits
 from slimcaching.errors import ScenarioError
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
@@ -140,8 +141,8 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         # model's part moved from another server) by estimated gain, then plain drops
         used = dense.astype(float) @ d_size
 
-        def fits(n, m, freed=0.0, used=used):
-            return d_size[m] + used[n] - freed <= p.capacity[n] * (1 + 1e-12)
+        def fits_at(n, m, freed=0.0, used=used):
+            return fits(d_size[m] + used[n] - freed, p.capacity[n])
 
         cand = [(0.0, -1, -1, ((int(n), int(m)),)) for n, m in np.argwhere(dense)]
         for n in range(ns):
@@ -151,11 +152,11 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
                 gain = float((opts.weight[:, m] * np.maximum(cur[:, m] - est[:, m, n], 0.0))[active[:, m]].sum())
                 if gain <= 0:
                     continue
-                if fits(n, m):
+                if fits_at(n, m):
                     cand.append((gain, n, m, ()))
                 cand += [(gain, n, m, ((n, int(old)),)) for old in np.nonzero(dense[n])[0]
-                         if fits(n, m, d_size[old])]
-                cand += [(gain, n, m, ((int(k), m),)) for k in np.nonzero(dense[:, m])[0] if fits(n, m)]
+                         if fits_at(n, m, d_size[old])]
+                cand += [(gain, n, m, ((int(k), m),)) for k in np.nonzero(dense[:, m])[0] if fits_at(n, m)]
         cand.sort(key=lambda t: (-t[0], t[1], t[2], t[3]))
         if moves:
             cand = cand[:moves]

@@ -29,6 +29,7 @@ import numpy as np
 
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import fill_in_order
+from slimcaching.capacity import fits
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -102,7 +103,7 @@ def _cap(problem: Problem, x: np.ndarray) -> None:
     for n in range(problem.n_servers):
         held = np.nonzero(x[n])[0]
         over = float(problem.item_size[held].sum()) - float(problem.capacity[n])
-        while over > problem.capacity[n] * 1e-12 and len(held):
+        while not fits(over + float(problem.capacity[n]), problem.capacity[n]) and len(held):
             i, held = held[-1], held[:-1]
             x[n, i] = False
             over -= float(problem.item_size[i])

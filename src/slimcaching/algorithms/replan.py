@@ -36,6 +36,7 @@ import numpy as np
 
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.slimcaching import successive_decomposition
+from slimcaching.capacity import fits
 from slimcaching.catalogue import REPLAN_ALGORITHMS
 from slimcaching.errors import ScenarioError
 from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
@@ -57,7 +58,7 @@ def fit_capacity(problem: Problem, x: np.ndarray) -> np.ndarray:
         held = np.nonzero(out[n])[0]
         used = float(problem.item_size[held].sum())
         for i in held[np.argsort(popularity[held], kind="stable")]:
-            if used <= problem.capacity[n] * (1 + 1e-12):
+            if fits(used, problem.capacity[n]):
                 break
             out[n, i] = False
             used -= float(problem.item_size[i])
@@ -74,7 +75,7 @@ def keep_old(problem: Problem, x: np.ndarray, old: np.ndarray) -> np.ndarray:
         room = problem.capacity[n] - float(problem.item_size[out[n]].sum())
         back = np.nonzero(old[n] & ~out[n])[0]
         for i in back[np.argsort(-popularity[back], kind="stable")]:
-            if problem.item_size[i] <= room * (1 + 1e-12):
+            if fits(problem.item_size[i], room):
                 out[n, i] = True
                 room -= float(problem.item_size[i])
     return out
@@ -99,9 +100,9 @@ def fill_budget(problem: Problem, x: np.ndarray, old: np.ndarray, costs: MoveCos
             for i in np.nonzero(~x[n])[0]:
                 if not old[n, i] and costs.bytes[i] > left + 1e-9:
                     continue
-                size = problem.item_size[i] * (1 - 1e-12)
-                outs = [None] if size <= room else \
-                    [j for j in np.nonzero(x[n])[0] if size <= room + problem.item_size[j]]
+                size = problem.item_size[i]
+                outs = [None] if fits(size, room) else \
+                    [j for j in np.nonzero(x[n])[0] if fits(size, room + problem.item_size[j])]
                 for out in outs:
                     if evals >= max_evaluations:
                         break

@@ -25,6 +25,7 @@ import numpy as np
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import request_scores
 from slimcaching.architectures import mean_latency, pair_options
+from slimcaching.capacity import fits
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem, build_problem
 
@@ -48,19 +49,19 @@ def without_local_caches(problem: Problem) -> Problem:
 def _knapsack_models(value: np.ndarray, size: np.ndarray, capacity: float) -> np.ndarray:
     """0/1 knapsack over a few models: exhaustive (ties: fewer bytes, then lower index)."""
     m = len(value)
-    cand = [i for i in range(m) if value[i] > 0 and size[i] <= capacity * (1 + 1e-12)]
+    cand = [i for i in range(m) if value[i] > 0 and fits(size[i], capacity)]
     best, best_key = np.zeros(m, bool), (0.0, 0.0)
     if len(cand) > MAX_SUBSET_MODELS:
         order = sorted(cand, key=lambda i: (-value[i] / size[i], i))
         free = capacity
         for i in order:
-            if size[i] <= free * (1 + 1e-12):
+            if fits(size[i], free):
                 best[i], free = True, free - size[i]
         return best
     for k in range(1, len(cand) + 1):
         for combo in itertools.combinations(cand, k):
             s = float(size[list(combo)].sum())
-            if s > capacity * (1 + 1e-12):
+            if not fits(s, capacity):
                 continue
             key = (float(value[list(combo)].sum()), -s)
             if key > best_key:
@@ -111,7 +112,7 @@ def partial_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     free = p.capacity.astype(float).copy()
     for n in range(ns):
         for m in sorted(np.nonzero(rate[n] > 0)[0], key=lambda m: (-rate[n, m], m)):
-            if p.dense_bytes[m] <= free[n] * (1 + 1e-12):
+            if fits(p.dense_bytes[m], free[n]):
                 dense[n, m] = True
                 free[n] -= p.dense_bytes[m]
     # lfu experts in the rest (requests of home users, device caches ignored)
@@ -120,7 +121,7 @@ def partial_hosts(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     for n in range(ns):
         useful = np.nonzero(score[n] > 0)[0]
         for i in useful[np.lexsort((useful, -score[n, useful]))]:
-            if p.item_size[i] <= free[n] * (1 + 1e-12):
+            if fits(p.item_size[i], free[n]):
                 x[n, i] = True
                 free[n] -= p.item_size[i]
     return x, dense

@@ -47,14 +47,11 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.adaptive import (
+    Controller,
     ControllerConfig,
-    changed,
     decide,
     estimate_problem,
-    observed_tokens,
-    replan_due,
     sample_tokens,
-    split_window,
 )
 from slimcaching.algorithms import solve
 from slimcaching.errors import ScenarioError
@@ -268,8 +265,7 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
         rng = np.random.default_rng([seed, si])
         x = solve(truth[0], solver).x  # every strategy starts planned for the first phase (its target)
         serving = Serving(x)
-        since = 0  # adaptive: where its window may start (the last change point)
-        last_replan = 0  # adaptive: the check it last re-planned at
+        controller = Controller(cfg)  # adaptive: its window and re-plan state
         for j in range(n_int):
             t0 = j * c
             k = phase_at(t0)
@@ -289,18 +285,9 @@ def run_pattern(sc: Scenario, label: str, pattern: str, settings: DriftSettings,
                 new = solve(estimate_problem(scenario_at_phase(sc, k), observe(max(0, t0 - cfg.window_tokens), t0,
                                                                                 rng)), solver).x
             elif j > 0 and strategy == "adaptive":
-                now = scenario_at_phase(sc, k)
-                lo = max(since, t0 - cfg.window_tokens)
-                change = t0 - lo >= 2 * c and changed(estimate_problem(now, observe(t0 - c, t0, rng)),
-                                                      estimate_problem(now, observe(lo, t0 - c, rng)), live, cfg,
-                                                      c, t0 - c - lo)
-                if change:
-                    since = lo = t0 - c
-                if replan_due(cfg, j - last_replan, t0 - lo, change):
-                    last_replan = j
-                    half_a, half_b = split_window(observe(lo, t0, rng))
-                    d = decide(estimate_problem(now, half_a), estimate_problem(now, half_b), live, cfg,
-                               observed_tokens(half_b), under_way=serving.ahead(t0))
+                d = controller.check(scenario_at_phase(sc, k), t0, lambda lo, hi, rng=rng: observe(lo, hi, rng), live,
+                                     under_way=serving.ahead(t0))
+                if d is not None:
                     new = d.x if d.switched else x
             if not np.array_equal(new, x):
                 # from what is there now: the transfers under way towards x stop (what arrived stays)

@@ -19,15 +19,7 @@ import time
 
 import numpy as np
 
-from slimcaching.adaptive import (
-    ControllerConfig,
-    changed,
-    decide,
-    estimate_problem,
-    observed_tokens,
-    replan_due,
-    split_window,
-)
+from slimcaching.adaptive import Controller, ControllerConfig
 from slimcaching.migration import migration_summary, move_costs
 from slimcaching.problem import build_problem
 from slimcaching.runtime import protocol
@@ -42,36 +34,28 @@ class RuntimeController:
         client.observed = []
         self.problem = build_problem(ctx.scenario)
         self.model = self.problem.model_names.index(ctx.layout.model)
-        x = self.problem.empty_placement()
-        for n, server in enumerate(self.problem.server_names):
-            for mn, layer, e in ctx.placement["edge"].get(server, []):
-                x[n, self.problem.item_index(mn, layer, e)] = True
+        x = ctx.placement.x.copy()  # items depend on the models alone: the same indices
         self.x = x
         self.version = 0
         self.tokens = 0
         self.events: list[dict] = []
-        self.checks = 0
         self.busy: threading.Thread | None = None
-        self.since = 0  # recorded tokens before the last change point are out of the window
-        self.last_replan = 0  # the check it last re-planned at
+        self.controller = Controller(config)  # window, change points, when to re-plan
 
-    def _observed(self) -> dict[int, list[np.ndarray]] | None:
-        """The window's tokens as per-layer sets (only tokens whose every layer was recorded), from
-        the last change point on."""
+    @property
+    def checks(self) -> int:
+        return self.controller.checks
+
+    def _observe(self, lo: int, hi: int) -> dict[int, list[np.ndarray]] | None:
+        """Recorded tokens ``lo .. hi - 1`` as per-layer sets; None when a layer's record is
+        partial (local experts or padding: the device recorded fewer than K experts)."""
         layers = self.ctx.layout.layers
-        recorded = len(self.client.observed) // layers
-        window = min(self.config.window_tokens, recorded - self.since)
-        obs = self.client.observed[len(self.client.observed) - window * layers:] if window > 0 else []
-        tokens = len(obs) // layers
-        if tokens < 4:
-            return None
-        obs = obs[len(obs) - tokens * layers:]
         per_layer = [[] for _ in range(layers)]
-        for layer, experts in obs:
+        for layer, experts in self.client.observed[lo * layers:hi * layers]:
             per_layer[layer].append(experts)
         k = self.ctx.scenario.models[self.model].top_k
-        if any(len(v) != tokens or any(len(e) != k for e in v) for v in per_layer):
-            return None  # local experts or padding made a layer's record partial: skip this check
+        if any(len(v) != hi - lo or any(len(e) != k for e in v) for v in per_layer):
+            return None
         return {self.model: [np.array(v, np.int64) for v in per_layer]}
 
     def on_token(self) -> None:
@@ -79,27 +63,12 @@ class RuntimeController:
         self.tokens += 1
         if self.tokens % self.config.check_tokens or (self.busy is not None and self.busy.is_alive()):
             return
-        obs = self._observed()
-        if obs is None:
-            return
-        self.checks += 1
-        sc, c = self.ctx.scenario, self.config.check_tokens
-        n = observed_tokens(obs)
-        change = False
-        if n >= 2 * c:
-            recent = {m: [sets[n - c:] for sets in layers] for m, layers in obs.items()}
-            older = {m: [sets[:n - c] for sets in layers] for m, layers in obs.items()}
-            change = changed(estimate_problem(sc, recent), estimate_problem(sc, older), self.x, self.config, c, n - c)
-            if change:
-                self.since = len(self.client.observed) // self.ctx.layout.layers - c
-                obs = recent
-        if not replan_due(self.config, self.checks - self.last_replan, observed_tokens(obs), change):
-            return
-        self.last_replan = self.checks
-        half_a, half_b = split_window(obs)
-        d = decide(estimate_problem(sc, half_a), estimate_problem(sc, half_b), self.x, self.config,
-                   observed_tokens(half_b))
-        if not d.switched:
+        recorded = len(self.client.observed) // self.ctx.layout.layers
+        lo = self.controller.window_start(recorded)
+        if recorded - lo < 4 or self._observe(lo, recorded) is None:
+            return  # too few tokens, or a partial record: no check
+        d = self.controller.check(self.ctx.scenario, recorded, self._observe, self.x)
+        if d is None or not d.switched:
             return
         self.version += 1
         summary = migration_summary(self.problem, move_costs(self.problem, self.x, self.config.chunk_bytes), self.x,
@@ -109,8 +78,7 @@ class RuntimeController:
                  "predicted_gain_token_s": d.predicted_gain_token_s,
                  "migration_cost_token_s": d.migration_cost_token_s, "t_sent": time.time()}
         self.events.append(event)
-        new_x = d.x
-        self.busy = threading.Thread(target=self._relayout, args=(event, new_x), daemon=True)
+        self.busy = threading.Thread(target=self._relayout, args=(event, d.x), daemon=True)
         self.busy.start()
 
     def _relayout(self, event: dict, new_x: np.ndarray) -> None:

@@ -25,8 +25,8 @@ from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import problem_for
 from slimcaching.fileio import read_data_file
 from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint, text_config
-from slimcaching.placement import load_placement
-from slimcaching.problem import build_problem
+from slimcaching.placement import Placement, load_placement
+from slimcaching.problem import Problem, build_problem
 from slimcaching.runtime.addresses import tcp_address
 from slimcaching.runtime.routing import Layout, build_layout
 from slimcaching.runtime.weights import expert_source
@@ -35,15 +35,25 @@ from slimcaching.scenario import Scenario, load_scenario
 
 @dataclass
 class Context:
-    """The resolved inputs of a run: scenario, placement, model directory and the layout."""
+    """The resolved inputs of a run: scenario, the problem and placement it was planned as, the
+    model directory and the layout built from them (once)."""
 
     scenario: Scenario
     layout: Layout
-    placement: dict
+    placement: Placement
     model_dir: Path
+    problem: Problem
 
     def expert_source(self):
         return expert_source(self.model_dir)
+
+    def expert_room(self) -> dict[str, float]:
+        """Bytes each edge server has for experts: its capacity less the dense parts it hosts
+        (what a relayout's experts must fit in)."""
+        dense = self.placement.dense
+        p = self.problem
+        return {s: float(p.capacity[n] - (dense[n] @ p.dense_bytes if dense is not None else 0.0))
+                for n, s in enumerate(p.server_names)}
 
 
 def _require_runtime() -> None:
@@ -90,17 +100,10 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
         if abs(float(got[f]) - float(getattr(m, f))) > 1e-9 * max(1.0, abs(float(got[f]))):
             raise ScenarioError("model", f"the model directory does not match scenario model {m.name!r}: "
                                 f"{f} is {got[f]:g} there, {getattr(m, f):g} in the scenario", str(model_dir))
-    edge = {s: [list(problem.item_key(i)) for i in pl.x[n].nonzero()[0]]
-            for n, s in enumerate(problem.server_names)}
-    layout = build_layout(sc, edge, model_name)
-    layout.hidden_size, layout.wire_dtype, layout.dtype_tag, layout.context = wire_format(mdir)
     # how each user is served: what evaluate reports, with the other ways as fail-over targets
-    layout.ways = user_architectures(problem, pl.x, pl.dense, pl.latency_model, model_name)
-    layout.split_hosts = {w for ways in layout.ways.values() if ways[0][1] != "slimcaching" for _, w in ways}
-    dense = {s: [problem.model_names[m] for m in pl.dense[n].nonzero()[0]] for n, s in enumerate(problem.server_names)
-             } if pl.dense is not None else {}
-    data = {"edge": edge, "algorithm": pl.algorithm, "latency_model": pl.latency_model, "dense": dense}
-    return Context(sc, layout, data, mdir)
+    ways = user_architectures(problem, pl.x, pl.dense, pl.latency_model, model_name)
+    layout = build_layout(sc, pl.edge(problem), model_name, ways=ways, wire=wire_format(mdir))
+    return Context(sc, layout, pl, mdir, problem)
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

@@ -26,6 +26,7 @@ from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
+from slimcaching.runtime.dispatch import group_by_holder, rows_of
 from slimcaching.runtime.fallbacks import FallbackLog
 from slimcaching.runtime.health import PeerHealth
 from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep_until
@@ -140,16 +141,10 @@ class DeviceClient:
         if remote:
             ser0 = time.time()
             tag = "bfloat16" if x.dtype == torch.bfloat16 else None
-            by_via: dict[str, dict[int, list[int]]] = {}
-            for e in sorted(remote):
-                via = self.home if len(self.uplinks) == 1 else self.layout.best_via(self.user, layer, e)[1]
-                by_via.setdefault(via, {})[e] = remote[e]
-            for via, part in by_via.items():
-                rows = sorted({r for rs in part.values() for r in rs})
-                pos = {r: i for i, r in enumerate(rows)}
-                payload = output_array(x if len(rows) == x.shape[0] else x[rows])  # rows: sorted, distinct
-                assign = [[e, [pos[r] for r in part[e]]] for e in sorted(part)]
-                groups.append((via, payload, assign))
+            # one request per server the radio reaches and uses (the home alone without reach)
+            for part in group_by_holder(remote, lambda e: self.home if len(self.uplinks) == 1
+                                        else self.layout.best_via(self.user, layer, e)[1]):
+                groups.append((part.holder, output_array(rows_of(x, part.rows)), part.assign))
             rec.serialise_s += time.time() - ser0
             sent = [self._send(layer, payload, assign, tag, t0, via=via) for via, payload, assign in groups]
         # local experts run while the request travels

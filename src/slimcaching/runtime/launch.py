@@ -246,7 +246,7 @@ class _NodeActor:
                                  keyring=Keyring.from_dict(kw["keyring"]))
         if name in ctx.layout.split_hosts:
             self.server.enable_split(ctx.model_dir)
-        self.server.enable_relayout(source, {s.name: s.capacity_bytes for s in ctx.scenario.servers})
+        self.server.enable_relayout(source, ctx.expert_room())
         if host == "auto":  # the address of the machine this actor landed on
             import ray  # optional extra (ray)
 

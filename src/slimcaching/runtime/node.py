@@ -22,7 +22,6 @@ logged with its reason and answered with an error; the node keeps serving.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import os
@@ -37,14 +36,17 @@ import zmq
 from slimcaching.errors import ScenarioError
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
+from slimcaching.runtime.admission import Admission
 from slimcaching.runtime.cluster import Context, load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.dispatch import Dispatcher, NoLiveHolder
 from slimcaching.runtime.executor import Batcher, ExpertExecutor, Job
+from slimcaching.runtime.forward import StepForwarder
 from slimcaching.runtime.health import PeerHealth
 from slimcaching.runtime.linkemu import release_time, schedule_path
 from slimcaching.runtime.protocol import ErrorReply, Pong, Relayout, Result, RunRequest, SplitEnd, SplitStep
-from slimcaching.runtime.routing import CLOUD, Layout, reversed_path
+from slimcaching.runtime.relayout import LiveRelayout
+from slimcaching.runtime.routing import Layout
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
 from slimcaching.runtime.tensors import to_torch
 from slimcaching.runtime.transport import Transport
@@ -84,16 +86,6 @@ class Parent:
 
 
 @dataclass
-class StepRelay:
-    """A split step this node (the device's access server) forwarded to its host."""
-
-    ident: bytes
-    req: SplitStep
-    who: bytes
-    deadline: float
-
-
-@dataclass
 class Sub:
     """A relayed part of a request, waiting for its holder's reply or its deadline."""
 
@@ -115,10 +107,7 @@ class NodeServer:
         self.config = config
         self.log = log or (lambda msg: print(f"node {name}: {msg}", file=sys.stderr, flush=True))
         self.max_rows = limit("request_rows")
-        self.max_in_flight_per_peer = limit("in_flight_per_peer")
-        self.max_in_flight = limit("in_flight")
-        self.max_in_flight_bytes = limit("in_flight_bytes")
-        self.in_flight_bytes = 0
+        self.admission = Admission()
         self.accepts_configure = accepts_configure
         self.transport = Transport(name, layout, config.emulate, keyring=keyring,
                                    max_message_bytes=layout.max_message_bytes(self.max_rows),
@@ -136,19 +125,17 @@ class NodeServer:
         self.pending: dict[int, Sub] = {}
         self.health = PeerHealth(self.config.retry_after_s)
         self.dispatch = Dispatcher(name, layout, self.config, self.health, self.ids)
-        self.in_flight: dict[bytes, int] = {}  # sender (or connection) -> requests parked or running here
         self.internal_errors = 0  # exceptions caught while handling a message (each one answered)
-        self.step_pending: dict[int, StepRelay] = {}  # split steps this node forwarded to their host
+        self.forwarder = StepForwarder(self)  # split steps this node passes on to their host
         self.split = None  # a SplitHost when this node runs split-style sessions (enable_split)
+        self.relayouts = LiveRelayout(self)  # live re-placement (relayout messages)
         self._users = frozenset(layout.homes)
         self._nodes = frozenset(layout.nodes)
-        # live re-placement (relayout): where gained experts are loaded from, and the swap a loader
-        # thread hands to the loop (a plain attribute: the loop picks it up at its next tick)
-        self.expert_source = None
-        self.capacity: dict[str, float] = {}
-        self.layout_version = 0
-        self._swap = None
-        self._loading = False
+        # one handler per message class (as hivemind's rpc_* methods); each takes (ident, msg, sender)
+        self.handlers = {protocol.Ping: self._on_ping, protocol.Configure: self._on_configure,
+                         protocol.Shutdown: self._on_shutdown, RunRequest: self._accept_run,
+                         SplitStep: self._accept_step, SplitEnd: self._end_session,
+                         Relayout: lambda ident, msg, sender: self.relayouts.request(ident, msg)}
 
     # ---- the transport's surface -------------------------------------------------------------
     @property
@@ -174,26 +161,70 @@ class NodeServer:
             self.transport.serve(self.on_request, self.on_reply, self._next_deadline, self._check_deadlines,
                                  self.log, parent_pid)
         finally:
-            if self.split is not None:
-                self.split.close()
-            self.transport.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the split host's thread and close every socket (a context left with open sockets
+        would block whoever garbage-collects it)."""
+        if self.split is not None:
+            self.split.close()
+            self.split = None
+        self.transport.close()
 
     def _due(self, deliver_at: float | None) -> float:
         """When to act on the message being handled (linkemu.release_time)."""
         return release_time(deliver_at, self.transport.received_at)
 
     def _next_deadline(self) -> float:
-        if self._loading:  # a relayout is loading: look for its swap every few milliseconds
+        if self.relayouts.loading:  # a relayout is loading: look for its swap every few milliseconds
             return time.time() + 0.005
         return min(min((s.deadline for s in self.pending.values()), default=float("inf")),
-                   min((s.deadline for s in self.step_pending.values()), default=float("inf")),
+                   self.forwarder.next_deadline(),
                    self.batcher.next_due() if self.batcher is not None else float("inf"))
 
-    def _reject(self, ident: bytes | None, rid: int, reason: str, fatal: bool = True) -> None:
+    # ---- the surface the node's parts (forwarder, relayouts, split host) use ---------------------
+    def reject(self, ident: bytes | None, rid: int, reason: str, fatal: bool = True) -> None:
+        """Refuse a message: counted, logged, answered with an error (when there is someone to answer)."""
         self.stats["rejected"] += 1
         self.log(f"rejected message: {reason}")
         if ident is not None:
             self.transport.send_to_client(ident, ErrorReply(rid, reason, fatal).frames())
+
+    def answer_status(self, ident: bytes, rid: int) -> None:
+        """Answer a message with this node's status (a pong)."""
+        self.transport.send_to_client(ident, Pong(rid, self.status()).frames())
+
+    def holder_failed(self, holder: str, reason: str) -> None:
+        """``holder`` did not answer as it should: banned for a while, and the fallback recorded."""
+        self.health.failed(holder)
+        self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
+
+    def step_done(self, ident: bytes, who: bytes, nbytes: int, frames: list) -> None:
+        """A split step is answered: its in-flight slot is free, the answer goes out."""
+        self.admission.release(who, nbytes)
+        self.transport.send_to_client(ident, frames)
+
+    def switch_layout(self, layout: Layout, experts: dict, record: dict) -> None:
+        """Serve ``layout`` with ``experts`` from now on: what waits for compute runs first, with
+        the experts it was accepted for."""
+        if self.batcher is not None:
+            self.batcher.run_due(float("inf"))
+        self.layout = self.executor.layout = self.dispatch.layout = layout
+        self.executor.experts = experts
+        self.stats.setdefault("relayouts", []).append(record)
+
+    def internal_error(self, text: str) -> None:
+        """An exception was caught and answered: counted and logged, the node serves on."""
+        self.internal_errors += 1
+        self.log(text)
+
+    @property
+    def layout_version(self) -> int:
+        return self.relayouts.version
+
+    def enable_relayout(self, source, room: dict[str, float]) -> None:
+        """Take ``relayout`` messages: gained experts are loaded from ``source`` (an ExpertSource)."""
+        self.relayouts.enable(source, room)
 
     # ---- requests ------------------------------------------------------------------------
     def on_request(self, ident: bytes, body: list, sender: str | None = None) -> None:
@@ -202,8 +233,7 @@ class NodeServer:
         try:
             self._on_request(ident, body, sender)
         except Exception as exc:  # a bug or a message nobody foresaw: answered, counted, the node serves on
-            self.internal_errors += 1
-            self.log(f"internal error while handling a request: {type(exc).__name__}: {str(exc)[:200]}")
+            self.internal_error(f"internal error while handling a request: {type(exc).__name__}: {str(exc)[:200]}")
             self.transport.send_to_client(ident, ErrorReply(0, f"internal error ({type(exc).__name__})",
                                                             False).frames())
 
@@ -211,36 +241,34 @@ class NodeServer:
         try:
             msg = protocol.parse(body)
         except protocol.ProtocolError as exc:
-            self._reject(ident, 0, str(exc))
+            self.reject(ident, 0, str(exc))
             return
         why = allowed(msg.op, sender, nodes=self._nodes, users=self._users,
                       accepts_configure=self.accepts_configure)
         if why:
             self.stats["refused"][msg.op] = self.stats["refused"].get(msg.op, 0) + 1
-            self._reject(ident, msg.id, why)
+            self.reject(ident, msg.id, why)
             return
-        if isinstance(msg, protocol.Ping):
-            self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
-        elif isinstance(msg, protocol.Configure):
-            unknown = [n for n in msg.addresses if n not in self._nodes]
-            if unknown:
-                self._reject(ident, msg.id, f"configure: {unknown[0][:40]!r} is not a node of the scenario")
-                return
-            self.connect_peers(msg.addresses)
-            self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
-        elif isinstance(msg, protocol.Shutdown):
-            self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
-            self.running = False
-        elif isinstance(msg, RunRequest):
-            self._accept_run(ident, msg, sender)
-        elif isinstance(msg, SplitStep):
-            self._accept_step(ident, msg, sender)
-        elif isinstance(msg, SplitEnd):
-            self._end_session(msg, sender)
-        elif isinstance(msg, Relayout):
-            self._relayout(ident, msg)
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            self.reject(ident, msg.id, f"unexpected op {msg.op!r} on a node")
         else:
-            self._reject(ident, msg.id, f"unexpected op {msg.op!r} on a node")
+            handler(ident, msg, sender)
+
+    def _on_ping(self, ident: bytes, msg, sender: str | None) -> None:
+        self.answer_status(ident, msg.id)
+
+    def _on_configure(self, ident: bytes, msg, sender: str | None) -> None:
+        unknown = [n for n in msg.addresses if n not in self._nodes]
+        if unknown:
+            self.reject(ident, msg.id, f"configure: {unknown[0][:40]!r} is not a node of the scenario")
+            return
+        self.connect_peers(msg.addresses)
+        self.answer_status(ident, msg.id)
+
+    def _on_shutdown(self, ident: bytes, msg, sender: str | None) -> None:
+        self.answer_status(ident, msg.id)
+        self.running = False
 
     def _accept_run(self, ident: bytes, msg: RunRequest, sender: str | None) -> None:
         now = time.time()
@@ -253,20 +281,12 @@ class NodeServer:
                 reason = "run: a node's request is never relayed again nor sent to a user"
         who = sender.encode() if sender is not None else ident  # one budget per device, however many connections
         if reason is None:
-            mine = self.in_flight.get(who, 0)
-            if mine >= self.max_in_flight_per_peer:
-                reason = (f"run: {mine} requests of this connection in flight already "
-                          f"(limit {self.max_in_flight_per_peer})")
-            elif sum(self.in_flight.values()) >= self.max_in_flight:
-                reason = f"run: {self.max_in_flight} requests in flight at this node (limit)"
-            elif self.in_flight_bytes + msg.x.nbytes > self.max_in_flight_bytes:
-                reason = f"run: {self.max_in_flight_bytes:,} bytes of requests in flight at this node (limit)"
+            reason = self.admission.refusal("run", who, msg.x.nbytes)
         if reason:
-            self._reject(ident, msg.id, reason, fatal=False)
+            self.reject(ident, msg.id, reason, fatal=False)
             return
         self.stats["requests"] += 1
-        self.in_flight[who] = self.in_flight.get(who, 0) + 1
-        self.in_flight_bytes += msg.x.nbytes
+        self.admission.admit(who, msg.x.nbytes)
         self.transport.at(self._due(msg.deliver_at), lambda: self._process(ident, msg, who))
 
     # ---- split-style steps (runtime/split.py) ------------------------------------------------------
@@ -274,7 +294,9 @@ class NodeServer:
         """Run split-style sessions here: load the dense part and start the host's thread."""
         from slimcaching.runtime.split import SplitHost  # start-up: torch and the model only where needed
 
-        self.split = SplitHost(self, model_dir)
+        self.split = SplitHost(self.name, self.layout, self.config, self.executor.experts, self.transport, model_dir,
+                               on_error=self.internal_error)
+        self.executor.lock = self.split.lock  # the host's thread runs this node's experts too
 
     def _accept_step(self, ident: bytes, msg: SplitStep, sender: str | None) -> None:
         now = time.time()
@@ -289,83 +311,25 @@ class NodeServer:
         if reason is None and msg.host == self.name and self.split is None:
             reason = "step: this node runs no split-style sessions"
         who = sender.encode() if sender is not None else ident
-        if reason is None and self.in_flight.get(who, 0) >= self.max_in_flight_per_peer:
-            reason = f"step: requests of this sender in flight already (limit {self.max_in_flight_per_peer})"
-        if reason is None and self.in_flight_bytes + msg.x.nbytes > self.max_in_flight_bytes:
-            reason = f"step: {self.max_in_flight_bytes:,} bytes of requests in flight at this node (limit)"
+        if reason is None:
+            reason = self.admission.refusal("step", who, msg.x.nbytes, check_total=False)
         if reason:
-            self._reject(ident, msg.id, reason, fatal=False)
+            self.reject(ident, msg.id, reason, fatal=False)
             return
         self.stats["requests"] += 1
-        self.in_flight[who] = self.in_flight.get(who, 0) + 1
-        self.in_flight_bytes += msg.x.nbytes
+        self.admission.admit(who, msg.x.nbytes)
         if msg.host == self.name:
             links = [self.transport.link(tuple(hp)) for hp in msg.reply_hops]
             if msg.reply_user is not None:
                 links.append(self.transport.link(("down", msg.reply_user)))
             def done() -> None:  # called by the loop when the host's reply goes out
-                self._step_released(who, msg.x.nbytes)
+                self.admission.release(who, msg.x.nbytes)
 
             self.transport.at(self._due(msg.deliver_at), lambda: self.split.submit(ident, msg, links, done))
         else:
-            self.transport.at(self._due(msg.deliver_at), lambda: self._forward_step(ident, msg, who))
+            self.transport.at(self._due(msg.deliver_at), lambda: self.forwarder.forward(ident, msg, who))
 
-    def _forward_step(self, ident: bytes, msg: SplitStep, who: bytes) -> None:
-        lay = self.layout
-        now = time.time()
-        path = lay.paths[(self.name, msg.host)]
-        sub = SplitStep(next(self.ids), msg.model, msg.user, msg.session, msg.start, msg.host, msg.x, relay=False,
-                        reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag)
-        links = [self.transport.link(hp) for hp in path]
-        frames = protocol.stamp(sub, lambda size: schedule_path(links, size, time.time()))
-        n = msg.x.shape[0]
-        worst = max((c[0][0] for layer in range(lay.layers) for e in range(lay.experts)
-                     if (c := lay.candidates(msg.host, layer, e))), default=0.0)
-        bound = lay.relay_s[(self.name, msg.host)] + lay.paced_dense_s(msg.host, n) + lay.layers * (
-            worst + lay.paced_exec_s(msg.host, n))
-        if not self.health.alive(msg.host, now) or not self.transport.send_to_peer(msg.host, frames):
-            self._holder_failed(msg.host, "not connected")
-            self._step_done(ident, who, msg.x.nbytes,
-                            ErrorReply(msg.id, f"split host {msg.host} not connected", False).frames())
-            return
-        self.step_pending[sub.id] = StepRelay(ident, msg, who, now + self.config.deadline_factor * bound
-                                              + self.config.deadline_floor_s)
-
-    def _step_reply(self, msg, relay: StepRelay) -> None:
-        """The host's answer to a forwarded step: passed on to the device over its downlink."""
-        if self.step_pending.pop(msg.id, None) is not relay:
-            self.stats["late_replies"] += 1
-            return
-        req = relay.req
-        if (isinstance(msg, Result) and len(msg.tensors) == 1 and msg.tensors[0].shape == (1, req.x.shape[1])
-                and msg.tensors[0].dtype == req.x.dtype):
-            self.health.succeeded(req.host)
-            res = Result(req.id, msg.experts, msg.tensors, msg.route, msg.node, msg.timing, msg.fallbacks)
-            links = [self.transport.link(tuple(hp)) for hp in req.reply_hops]
-            if req.reply_user is not None:
-                links.append(self.transport.link(("down", req.reply_user)))
-            frames = protocol.stamp(res, lambda size: schedule_path(links, size, time.time()))
-            self._step_done(relay.ident, relay.who, req.x.nbytes, frames)
-            return
-        why = msg.reason[:200] if isinstance(msg, ErrorReply) else "malformed reply"
-        if not isinstance(msg, ErrorReply) or "resend from position 0" not in why:
-            self._holder_failed(req.host, why)
-        self._step_done(relay.ident, relay.who, req.x.nbytes,
-                        ErrorReply(req.id, f"split host {req.host}: {why}", False).frames())
-
-    def _step_done(self, ident: bytes, who: bytes, nbytes: int, frames: list) -> None:
-        self._step_released(who, nbytes)
-        self.transport.send_to_client(ident, frames)
-
-    def _step_released(self, who: bytes, nbytes: int) -> None:
-        self.in_flight_bytes -= nbytes
-        left = self.in_flight.get(who, 0) - 1
-        if left > 0:
-            self.in_flight[who] = left
-        else:
-            self.in_flight.pop(who, None)
-
-    def _end_session(self, msg: SplitEnd, sender: str | None) -> None:
+    def _end_session(self, ident: bytes, msg: SplitEnd, sender: str | None) -> None:
         if sender is not None and sender in self._users and msg.user != sender:
             return
         if msg.host == self.name:
@@ -379,12 +343,7 @@ class NodeServer:
         if p.done:
             return
         p.done = True
-        self.in_flight_bytes -= p.req.x.nbytes
-        left = self.in_flight.get(p.budget, 0) - 1
-        if left > 0:
-            self.in_flight[p.budget] = left
-        else:
-            self.in_flight.pop(p.budget, None)
+        self.admission.release(p.budget, p.req.x.nbytes)
 
     def _process(self, ident: bytes, req: RunRequest, who: bytes) -> None:
         now = time.time()
@@ -392,8 +351,7 @@ class NodeServer:
         try:
             self._start(p)
         except Exception as exc:  # the message fails, the node serves on
-            self.internal_errors += 1
-            self.log(f"internal error on a run request: {type(exc).__name__}: {str(exc)[:200]}")
+            self.internal_error(f"internal error on a run request: {type(exc).__name__}: {str(exc)[:200]}")
             for sid in list(p.waiting):
                 self.pending.pop(sid, None)
             self._release(p)
@@ -450,7 +408,7 @@ class NodeServer:
             frames = protocol.stamp(sub_req, lambda size, links=links: schedule_path(links, size, time.time()))
             sub = Sub(p, holder, es, self.dispatch.deadline(part, now), now)
             if not self.transport.send_to_peer(holder, frames):  # connection down: fall back at once
-                self._holder_failed(holder, "not connected")
+                self.holder_failed(holder, "not connected")
                 p.fallbacks.append({"from": holder, "experts": es, "reason": "not connected"})
                 self._relay(p, {e: relay[e] for e in es}, exclude | {holder})
                 continue
@@ -466,12 +424,12 @@ class NodeServer:
         try:
             msg = protocol.parse(body)
         except protocol.ProtocolError as exc:
-            self._reject(None, 0, f"reply: {exc}")
+            self.reject(None, 0, f"reply: {exc}")
             return
-        if msg.id in self.step_pending:
-            relay = self.step_pending[msg.id]
+        relay = self.forwarder.owns(msg.id)
+        if relay is not None:
             due = min(self._due(getattr(msg, "deliver_at", None)), relay.deadline)
-            self.transport.at(due, lambda: self._step_reply(msg, relay))
+            self.transport.at(due, lambda: self.forwarder.on_reply(msg, relay))
             return
         sub = self.pending.get(msg.id)
         if sub is None:
@@ -487,8 +445,7 @@ class NodeServer:
         try:
             fn(*args)
         except Exception as exc:
-            self.internal_errors += 1
-            self.log(f"internal error on a reply: {type(exc).__name__}: {str(exc)[:200]}")
+            self.internal_error(f"internal error on a reply: {type(exc).__name__}: {str(exc)[:200]}")
             if not p.done:
                 for sid in list(p.waiting):
                     self.pending.pop(sid, None)
@@ -509,7 +466,7 @@ class NodeServer:
         p.waiting.discard(msg.id)
         hidden = p.req.x.shape[1]
         if isinstance(msg, ErrorReply):
-            self._holder_failed(sub.holder, msg.reason[:200])
+            self.holder_failed(sub.holder, msg.reason[:200])
             p.fallbacks.append({"from": sub.holder, "experts": sub.experts, "reason": msg.reason[:200]})
             self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
         elif isinstance(msg, Result) and msg.matches({e: len(p.req.rows_of(e)) for e in sub.experts}, hidden,
@@ -520,82 +477,16 @@ class NodeServer:
             p.ready_at = max(p.ready_at, time.time())
             p.remote[sub.holder] = msg.timing
         else:
-            self._reject(None, msg.id, f"reply from {sub.holder}: unexpected content")
-            self._holder_failed(sub.holder, "unexpected reply")
+            self.reject(None, msg.id, f"reply from {sub.holder}: unexpected content")
+            self.holder_failed(sub.holder, "unexpected reply")
             self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
         self._maybe_finish(p)
 
-    # ---- live re-placement ---------------------------------------------------------------------
-    def enable_relayout(self, source, capacity: dict[str, float]) -> None:
-        """Take ``relayout`` messages: gained experts are loaded from ``source`` (an ExpertSource)."""
-        self.expert_source, self.capacity = source, dict(capacity)
-
-    def _relayout(self, ident: bytes, msg: Relayout) -> None:
-        """Load the experts this node gains in a thread (serving goes on), then switch at the loop's
-        next tick: the pending batches run with the old experts, the new layout and experts take
-        over, the lost experts go. Answered (a pong with ``layout_version``) once switched."""
-        if self.expert_source is None:
-            self._reject(ident, msg.id, "relayout: this node cannot load experts (started without a checkpoint)")
-            return
-        if self.split is not None:
-            self._reject(ident, msg.id, "relayout: not supported on a split-style host")
-            return
-        why = msg.check(self.layout, self.capacity, self.layout.expert_bytes)
-        if why is None and msg.version <= self.layout_version:
-            why = f"relayout: version {msg.version} is not newer than {self.layout_version}"
-        if why is not None:
-            self._reject(ident, msg.id, why, fatal=False)
-            return
-        held = {n: set(self.layout.held[n]) for n in self.layout.nodes}
-        for n in self.layout.nodes:
-            if n != CLOUD:
-                held[n] = {(int(la), int(e)) for la, e in msg.edge.get(n, [])}
-        new_layout = dataclasses.replace(self.layout, held=held)
-        mine, old = held[self.name], self.executor.experts
-
-        def load() -> None:
-            t0 = time.time()
-            try:
-                gained = sorted(mine - set(old))
-                experts = {k: old[k] if k in old else self.expert_source.load(*k) for k in sorted(mine)}
-                self._swap = (msg, ident, new_layout, experts, len(gained), time.time() - t0)
-            except Exception as exc:  # a checkpoint that fails to load: answered, the old layout stays
-                self._swap = (msg, ident, None, f"{type(exc).__name__}: {str(exc)[:200]}", 0, 0.0)
-
-        self._loading = True
-        threading.Thread(target=load, name=f"relayout-{self.name}", daemon=True).start()
-
-    def _take_swap(self) -> None:
-        msg, ident, new_layout, experts, gained, load_s = self._swap
-        self._swap, self._loading = None, False
-        if new_layout is None:
-            self._reject(ident, msg.id, f"relayout: loading failed ({experts})", fatal=False)
-            return
-        if self.batcher is not None:  # what waits for compute runs with the experts it was accepted for
-            self.batcher.run_due(float("inf"))
-        self.layout = self.executor.layout = self.dispatch.layout = new_layout
-        self.executor.experts = experts
-        self.layout_version = msg.version
-        st = self.stats.setdefault("relayouts", [])
-        st.append({"t": time.time(), "version": msg.version, "gained": gained, "held": len(experts),
-                   "load_s": load_s})
-        self.transport.send_to_client(ident, Pong(msg.id, self.status()).frames())
-
-    def _holder_failed(self, holder: str, reason: str) -> None:
-        self.health.failed(holder)
-        self.stats["fallbacks"].append({"t": time.time(), "holder": holder, "reason": reason})
-
     def _check_deadlines(self, now: float) -> None:
-        if self._swap is not None:
-            self._take_swap()
+        self.relayouts.take()
         if self.batcher is not None:
             self.batcher.run_due(now)
-        for sid, relay in [(k, v) for k, v in self.step_pending.items() if v.deadline <= now]:
-            del self.step_pending[sid]
-            self._holder_failed(relay.req.host, "deadline")
-            self._step_done(relay.ident, relay.who, relay.req.x.nbytes,
-                            ErrorReply(relay.req.id, f"no reply from split host {relay.req.host} before the deadline",
-                                       False).frames())
+        self.forwarder.expire(now)
         expired = [(sid, s) for sid, s in self.pending.items() if s.deadline <= now]
         for sid, sub in expired:
             del self.pending[sid]
@@ -604,7 +495,7 @@ class NodeServer:
     def _expired(self, sid: int, sub: Sub) -> None:
         p = sub.parent
         p.waiting.discard(sid)
-        self._holder_failed(sub.holder, "deadline")
+        self.holder_failed(sub.holder, "deadline")
         p.fallbacks.append({"from": sub.holder, "experts": sub.experts, "reason": "no reply before the deadline"})
         self._relay(p, {e: p.req.rows_of(e) for e in sub.experts}, frozenset({sub.holder}))
         self._maybe_finish(p)
@@ -637,7 +528,7 @@ class NodeServer:
         self.stats["internal_errors"] = self.transport.errors + self.internal_errors
         return {"name": self.name, "held": self.executor.held(), "rss_bytes": rss_bytes(), "stats": self.stats,
                 "layout_version": self.layout_version,
-                "in_flight": sum(self.in_flight.values()), "in_flight_bytes": self.in_flight_bytes,
+                "in_flight": self.admission.total, "in_flight_bytes": self.admission.bytes,
                 "connections": self.transport.gate.connections}
 
 
@@ -666,9 +557,20 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     experts = load_experts(ctx.expert_source(), ctx.layout.held[name])
     server = NodeServer(name, ctx.layout, experts, config=config, keyring=keyring,
                         accepts_configure=accepts_configure)
+    try:
+        _start(server, ctx, name, host, port, peers, ready, metrics_port, metrics_ready)
+    except BaseException:  # nothing listens: its sockets closed here, not by whoever collects them
+        server.close()
+        raise
+    server.serve(parent_pid)
+
+
+def _start(server: NodeServer, ctx: Context, name: str, host: str, port: int, peers, ready, metrics_port,
+           metrics_ready) -> None:
+    """Everything between building a node and serving: split host, relayout, socket, peers, metrics."""
     if name in ctx.layout.split_hosts:
         server.enable_split(ctx.model_dir)
-    server.enable_relayout(ctx.expert_source(), {s.name: s.capacity_bytes for s in ctx.scenario.servers})
+    server.enable_relayout(ctx.expert_source(), ctx.expert_room())
     try:
         port = server.bind(host, port)
     except zmq.ZMQError as exc:
@@ -687,7 +589,6 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
             metrics_ready(got)
     if ready is not None:
         ready(port, rss_bytes())
-    server.serve(parent_pid)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from slimcaching.capacity import fits
 from slimcaching.runtime.addresses import tcp_address
 
 VERSION = 2
@@ -625,8 +626,9 @@ class Relayout:
                     raise ProtocolError("relayout: each expert is [layer, expert] (non-negative integers)")
         return cls(_int(h, "id"), _int(h, "version", 1, 2**31 - 1), edge)
 
-    def check(self, layout, capacity: dict[str, float], expert_bytes: float) -> str | None:
-        """Why this placement cannot be taken by nodes of ``layout`` (None if it can)."""
+    def check(self, layout, room: dict[str, float], expert_bytes: float) -> str | None:
+        """Why this placement cannot be taken by nodes of ``layout`` (None if it can); ``room``:
+        each edge server's bytes for experts (its capacity less the dense parts it hosts)."""
         for node, items in self.edge.items():
             if node not in layout.nodes or node == "cloud":
                 return f"relayout: {node[:40]!r} is not an edge server of the scenario"
@@ -635,7 +637,7 @@ class Relayout:
             for layer, e in items:
                 if layer >= layout.layers or e >= layout.experts:
                     return f"relayout: expert {e} of layer {layer} is out of range for {node!r}"
-            if len(items) * expert_bytes > capacity.get(node, 0.0) * (1 + 1e-9):
+            if not fits(len(items) * expert_bytes, room.get(node, 0.0)):
                 return f"relayout: {len(items)} experts exceed {node!r}'s capacity"
         return None
 

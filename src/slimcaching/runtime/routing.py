@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from slimcaching.errors import ScenarioError
-from slimcaching.latency import access_time, backhaul_time, exec_time, message_round_trip, relay_graph
+from slimcaching.latency import cloud_round_trip, exec_time, relay_graph, relay_round_trip, user_round_trip
 from slimcaching.scenario import Scenario
 
 CLOUD = "cloud"
@@ -121,8 +121,8 @@ class Layout:
         """a_{u,v} of docs/model.md §latency for this model (with the two messages' overhead); the
         home's ``a_u`` when ``via`` is None."""
         via = self.homes[user] if via is None else via
-        return access_time(8.0 * self.hidden_bytes, *self.link_of(user, via)) + message_round_trip(
-            self.overhead.get("user:" + user, 0.0), self.overhead.get(via, 0.0))
+        return user_round_trip(8.0 * self.hidden_bytes, *self.link_of(user, via),
+                               self.overhead.get("user:" + user, 0.0), self.overhead.get(via, 0.0))
 
     def best_via(self, user: str, layer: int, expert: int) -> tuple[float, str]:
         """``q_e`` of docs/model.md §architectures: the least ``a_{u,v} + r^v_e`` over the servers
@@ -159,9 +159,12 @@ class Layout:
         return max(t_local, max(self.best_via(user, layer, e)[0] for e in remote))
 
 
-def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
+def build_layout(sc: Scenario, edge: dict[str, list], model: str, *,
+                 ways: dict[str, list[tuple[float, str]]] | None = None, wire: tuple | None = None) -> Layout:
     """Layout for ``model`` from a resolved scenario (local caches resolved) and the placement's
-    ``edge`` mapping (server -> [[model, layer, expert], ...])."""
+    ``edge`` mapping (server -> [[model, layer, expert], ...]); ``ways``: how each user is served
+    (best first, :func:`slimcaching.architectures.user_architectures`); ``wire``: (hidden size,
+    wire dtype, dtype tag, context) of the model directory (:func:`cluster.wire_format`)."""
     if model not in sc.model_by_name:
         raise ScenarioError("model_name", "not a model of the scenario", model)
     m = sc.model_by_name[model]
@@ -187,12 +190,12 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
     paths: dict[tuple[str, str], list] = {}
     for src, (dist, path) in nx.all_pairs_dijkstra(g, weight="w"):
         for dst, d in dist.items():
-            relay[(src, dst)] = 0.0 if src == dst else 2.0 * d + message_round_trip(overhead[src], overhead[dst])
+            relay[(src, dst)] = 0.0 if src == dst else relay_round_trip(d, overhead[src], overhead[dst])
             p = path[dst]
             paths[(src, dst)] = list(zip(p[:-1], p[1:]))
     for s in sc.servers:
-        relay[(s.name, CLOUD)] = backhaul_time(bits, s.cloud_rate_bps, s.cloud_rtt_s) + message_round_trip(
-            overhead[s.name], overhead[CLOUD])
+        relay[(s.name, CLOUD)] = cloud_round_trip(bits, s.cloud_rate_bps, s.cloud_rtt_s, overhead[s.name],
+                                                  overhead[CLOUD])
         paths[(s.name, CLOUD)] = [(s.name, CLOUD)]
         hop[(s.name, CLOUD)] = hop[(CLOUD, s.name)] = (s.cloud_rate_bps, s.cloud_rtt_s / 2.0)
     relay[(CLOUD, CLOUD)] = 0.0
@@ -213,7 +216,10 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str) -> Layout:
                   expert_flops=m.expert_flops, expert_bytes=m.expert_bytes, top_k=m.top_k, overhead=overhead,
                   dense_flops=m.dense_flops, dense_bytes=m.dense_bytes,
                   reach={u.name: {r.server: (r.uplink_bps, r.downlink_bps, r.rtt_s) for r in u.reach}
-                         for u in sc.users if u.reach})
+                         for u in sc.users if u.reach},
+                  ways=ways or {},
+                  split_hosts={w for w_ in (ways or {}).values() if w_[0][1] != "slimcaching" for _, w in w_},
+                  **dict(zip(("hidden_size", "wire_dtype", "dtype_tag", "context"), wire or ())))
 
 
 def reversed_path(path: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -345,10 +345,7 @@ def simulate_at_rates(ctx, rates: dict[str, float], *, max_batch: int = 1, token
             nu.workload = [WorkloadEntry(ctx.layout.model, 1.0, prof)]
             sc.users.append(nu)
     problem = build_problem(sc)
-    x = problem.empty_placement()
-    for n, server in enumerate(problem.server_names):
-        for mn, layer, e in ctx.placement["edge"].get(server, []):
-            x[n, problem.item_index(mn, layer, e)] = True
+    x = ctx.placement.x.copy()  # items depend on the models alone: the same indices
     return simulate_queueing(problem, x, tokens=tokens, load=1.0, seed=seed, max_batch=max_batch)
 
 
@@ -402,8 +399,8 @@ def run_report(ctx, opts, users, sessions, reference, nodes, events, wall) -> di
                  for s in sessions for res in s["results"]]
     out: dict = {
         "format": "slimcaching/cluster-run@1",
-        "model": ctx.layout.model, "model_dir": str(ctx.model_dir), "algorithm": ctx.placement["algorithm"],
-        "latency_model": ctx.placement.get("latency_model", "slimcaching"),
+        "model": ctx.layout.model, "model_dir": str(ctx.model_dir), "algorithm": ctx.placement.algorithm,
+        "latency_model": ctx.placement.latency_model,
         "architectures": {u: ctx.layout.way(u) for u in users},
         "emulate": opts.emulate, "pace": opts.pace, "users": users, "prompts": len(opts.prompts),
         "max_new_tokens": opts.max_new_tokens, "generated": generated,

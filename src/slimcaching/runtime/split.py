@@ -265,20 +265,24 @@ class SplitHost:
     decoder for each ``step``, and the KV caches it keeps (``sessions`` per user and in all are
     limits: ``split_sessions_per_user``, ``split_sessions``; the least recently used is dropped)."""
 
-    def __init__(self, node, model_dir: str):
+    def __init__(self, name: str, layout: Layout, config, experts: dict, transport, model_dir: str, *,
+                 on_error=None):
+        """``experts``: the node's own (one-expert modules, run under :attr:`lock` by both the node
+        and this thread); ``transport``: the node's (its context, links, addresses, keys, and the
+        loop that sends the replies); ``on_error(text)``: a step failed on an exception."""
         from slimcaching.runtime.skeleton import load_partial_model  # optional extra (hf)
 
-        self.node = node
-        self.name = node.name
-        self.layout = node.layout
+        self.name = name
+        self.layout = layout
+        self.config = config
+        self.transport = transport
+        self.on_error = on_error or (lambda text: None)
         self.model, _ = load_partial_model(str(model_dir), drop="experts")
         self.decoder = self.model.get_decoder()
         # transformers 5.x renamed past_key_values to cache (5.24 warns on the old name)
         self.cache_arg = "cache" if "cache" in inspect.signature(self.decoder.forward).parameters else "past_key_values"
-        self.lock = threading.Lock()
-        self.experts = HostExperts(self.name, self.layout, node.executor.experts, node.transport,
-                                   node.transport.keyring, node.config, self.lock)
-        node.executor.lock = self.lock
+        self.lock = threading.Lock()  # the node's executor takes it too (NodeServer.enable_split)
+        self.experts = HostExperts(self.name, self.layout, experts, transport, transport.keyring, config, self.lock)
         cls = _make_host_experts_module()
         blocks = [b for b in find_moe_layers(self.model) if b[2] == "indices"]
         for li, (_, block, _) in enumerate(blocks):
@@ -289,10 +293,10 @@ class SplitHost:
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
         self.wake_addr = f"inproc://split-{id(self)}"
-        self.wake_in = node.transport.ctx.socket(zmq.PULL)
+        self.wake_in = transport.ctx.socket(zmq.PULL)
         self.wake_in.bind(self.wake_addr)
         self.stats = {"steps": 0, "sessions_started": 0, "sessions_dropped": 0, "out_of_sync": 0}
-        node.transport.watch(self.wake_in, self._deliver)
+        transport.watch(self.wake_in, self._deliver)
         self.thread = threading.Thread(target=self._loop, name=f"split-{self.name}", daemon=True)
         self.thread.start()
 
@@ -317,7 +321,7 @@ class SplitHost:
                 return
             if done is not None:
                 done()
-            self.node.transport.send_to_client(ident, frames)
+            self.transport.send_to_client(ident, frames)
 
     def close(self) -> None:
         self.jobs.put(None)
@@ -326,7 +330,7 @@ class SplitHost:
 
     # ---- the thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
-        wake = self.node.transport.ctx.socket(zmq.PUSH)
+        wake = self.transport.ctx.socket(zmq.PUSH)
         wake.linger = 0
         wake.connect(self.wake_addr)
         try:
@@ -344,8 +348,7 @@ class SplitHost:
                     self.stats["out_of_sync"] += 1
                     frames = ErrorReply(step.id, str(exc), False).frames()
                 except Exception as exc:  # the step fails, the host serves on (counted, logged, answered)
-                    self.node.internal_errors += 1
-                    self.node.log(f"split step failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    self.on_error(f"split step failed: {type(exc).__name__}: {str(exc)[:200]}")
                     frames = ErrorReply(step.id, f"split step failed ({type(exc).__name__}: {str(exc)[:100]})",
                                         False).frames()
                 self.done.put((ident, frames, done))
@@ -394,7 +397,7 @@ class SplitHost:
         end = time.time()
         dense_real = end - t0 - self.experts.expert_seconds
         pad = 0.0
-        if self.node.config.pace:
+        if self.config.pace:
             modelled = lay.paced_dense_s(self.name, n)
             if modelled > dense_real:
                 sleep_until(end + modelled - dense_real)

@@ -12,6 +12,7 @@ import copy
 
 import numpy as np
 
+from slimcaching.capacity import fits
 from slimcaching.scenario.types import Scenario, User
 
 
@@ -45,7 +46,7 @@ def lfu_local_cache(sc: Scenario, user: User) -> list[tuple[str, int, int]]:
     for i in order:
         mi, layer, e = key[i]
         size = sc.models[mi].expert_bytes
-        if size <= free * (1 + 1e-12):
+        if fits(size, free):
             free -= size
             chosen.append((sc.models[mi].name, int(layer), int(e)))
     return chosen

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from slimcaching.capacity import fits
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import read_data_file
 from slimcaching.generate import default_scenario_dict
@@ -380,7 +381,7 @@ def check_local_cache(u: User, models: dict[str, Model], where: str) -> None:
             raise ScenarioError(f"{where}.local_cache[{j}]", "listed twice", [mn, layer, e])
         seen.add((mn, layer, e))
         used += m.expert_bytes
-    if used > u.cache_bytes * (1 + 1e-12):
+    if not fits(used, u.cache_bytes):
         raise ScenarioError(f"{where}.local_cache", f"needs {used:.6g} bytes, cache_bytes is {u.cache_bytes:.6g}")
 
 

@@ -33,6 +33,7 @@ from slimcaching.algorithms.core.groups import (
 )
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
+from slimcaching.capacity import how_many
 from slimcaching.problem import Problem
 
 # rows x servers from which the numba kernels are used: past a few thousand they beat numpy's
@@ -332,7 +333,7 @@ class Decomposition:
                 return None, None
             m = int(self.g_model[g])
             size = p.item_size[self.g_lo[g]]
-            kmax = int(min(p.scenario.models[m].experts, np.floor(p.capacity[n] / size + 1e-9)))
+            kmax = int(min(p.scenario.models[m].experts, how_many(p.capacity[n], size)))
             table = value_table(
                 gp, kmax, exact_budget, beam_width=beam_width, completions=completions, kernels=self.kernels
             )
