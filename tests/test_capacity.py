@@ -37,7 +37,6 @@ def test_a_placement_an_algorithm_builds_is_one_the_checker_accepts():
     """Capacities of exactly three experts: every algorithm fills them to the byte, never beyond,
     and the placement check (Problem.feasible) accepts what they built."""
     from helpers import tiny_scenario_dict
-
     from slimcaching.algorithms import solve
     from slimcaching.problem import build_problem
     from slimcaching.scenario import resolve_scenario
