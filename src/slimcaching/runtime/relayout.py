@@ -18,7 +18,7 @@ from slimcaching.runtime.routing import CLOUD
 
 
 class LiveRelayout:
-    """Relayouts of one node: where gained experts are loaded from, the capacities they must fit,
+    """Relayouts of one node: where gained experts are loaded from, the room (capacity less dense parts) they must fit,
     and the swap a loader thread hands to the loop (a plain attribute: the loop picks it up)."""
 
     def __init__(self, node):
