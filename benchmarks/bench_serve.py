@@ -1,5 +1,9 @@
 """Load test of ``slimcaching serve`` (``python benchmarks/bench_serve.py [--clients 1,2,4,8,16]
-[--seconds 15] [--json out.json]``).
+[--seconds 15] [--stock] [--json out.json]``).
+
+``--stock``: the clients behave as stock tools do (guidellm, aiperf, a gateway): no
+``X-SlimCaching-User`` header and no ``user`` field, so the server's assigner (``--assign auto``:
+the least-loaded device) spreads them; the warm-up is N concurrent requests of the same kind.
 
 A tiny Mixtral (hidden 64, 2 MoE layers, 8 experts, top-2) on a 3-server ring with 16 users, the
 slimcaching placement, paced nodes and devices (phones at 4 MFLOPS: ~21 ms of dense compute per
@@ -91,13 +95,19 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-async def clients(url: str, n: int, seconds: float, max_tokens: int) -> dict:
+async def clients(url: str, n: int, seconds: float, max_tokens: int, stock: bool = False) -> dict:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     ttft, gaps, per_user = [], [], {}
-    # every user's device loaded before the clock starts (a device loads on its user's first request)
-    await asyncio.gather(*(client.completions.create(model="tiny", prompt="w1", max_tokens=1, user=f"u{i}")
+    served_by: set[str] = set()
+
+    def who(i: int) -> dict:
+        return {} if stock else {"user": f"u{i}"}
+
+    # every user's device loaded before the clock starts (a device loads on its user's first request;
+    # unnamed, n concurrent requests load n devices through the least-loaded assignment)
+    await asyncio.gather(*(client.completions.create(model="tiny", prompt="w1", max_tokens=8, **who(i))
                            for i in range(n)))
     stop_at = time.time() + seconds
 
@@ -107,9 +117,11 @@ async def clients(url: str, n: int, seconds: float, max_tokens: int) -> dict:
         while time.time() < stop_at:
             t0 = time.time()
             last = None
-            stream = await client.completions.create(model="tiny", prompt=PROMPTS[(i + k) % len(PROMPTS)],
-                                                     max_tokens=max_tokens, temperature=0, stream=True, user=user,
-                                                     stream_options={"include_usage": True})
+            raw = await client.completions.with_raw_response.create(
+                model="tiny", prompt=PROMPTS[(i + k) % len(PROMPTS)], max_tokens=max_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True}, **who(i))
+            served_by.add(raw.headers.get("x-slimcaching-user", "?"))
+            stream = await raw.parse()
             async for chunk in stream:
                 now = time.time()
                 if chunk.choices and chunk.choices[0].text:
@@ -127,7 +139,7 @@ async def clients(url: str, n: int, seconds: float, max_tokens: int) -> dict:
     wall = time.time() - t0
     await client.close()
     return {"wall_s": wall, "tokens": sum(per_user.values()), "rates": {u: v / wall for u, v in per_user.items()},
-            "ttft": ttft, "gaps": gaps}
+            "ttft": ttft, "gaps": gaps, "served_by": sorted(served_by)}
 
 
 def pct(xs, q) -> float | None:
@@ -140,6 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batching", default="64,1", help="max-batch values to compare (1: no batching)")
+    ap.add_argument("--stock", action="store_true", help="no user header or field: the server assigns users")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from slimcaching.runtime.cluster import load_context
@@ -154,13 +167,14 @@ def main(argv=None) -> int:
             try:
                 for n in [int(x) for x in a.clients.split(",")]:
                     m0 = scrape(url)
-                    res = asyncio.run(clients(url, n, a.seconds, a.max_tokens))
+                    res = asyncio.run(clients(url, n, a.seconds, a.max_tokens, a.stock))
                     m1 = scrape(url)
                     d = {k: m1[k] - m0[k] for k in m0}
                     b, r = d["slimcaching_node_batches_total"], d["slimcaching_node_batched_requests_total"]
                     count = d["slimcaching_token_latency_seconds_count"]
                     sim = simulate_at_rates(ctx, res["rates"], max_batch=mb, tokens=20000)
-                    row = {"max_batch": mb, "clients": n, "tokens_per_s": res["tokens"] / res["wall_s"],
+                    row = {"max_batch": mb, "clients": n, "stock": a.stock, "users_served": len(res["served_by"]),
+                           "tokens_per_s": res["tokens"] / res["wall_s"],
                            "ttft_p50_s": pct(res["ttft"], 50), "ttft_p95_s": pct(res["ttft"], 95),
                            "ttft_p99_s": pct(res["ttft"], 99), "token_p50_s": pct(res["gaps"], 50),
                            "token_p95_s": pct(res["gaps"], 95), "token_p99_s": pct(res["gaps"], 99),

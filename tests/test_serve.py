@@ -40,6 +40,7 @@ from test_hf import _build  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.serve, pytest.mark.timeout(300)]
 
+MODEL = (("model_name", "tiny"),)
 PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7", "w3 w3 w8", "w20 w11 w5 w6"]
 # nodes, devices and the HTTP server share this test process (and its GIL, while other devices load):
 # a generous deadline floor keeps a slow moment from counting as a dead node
@@ -215,10 +216,9 @@ def test_bad_requests_get_the_openai_error_shape(slim):
         ({"model": "gpt-4", "prompt": "w1"}, 404, "model"),
         ({"model": "tiny", "prompt": "w1", "max_tokens": 500}, 400, "max_tokens"),  # context is 128
         ({"model": "tiny", "prompt": "w1", "max_tokens": 0}, 400, "max_tokens"),
-        ({"model": "tiny", "prompt": "w1", "n": 2}, 400, "n"),
+        ({"model": "tiny", "prompt": "w1", "n": 200}, 400, "n"),
         ({"model": "tiny", "prompt": "w1", "temperature": 5}, 400, "temperature"),
-        ({"model": "tiny", "prompt": "w1", "user": "nobody"}, 400, "user"),
-        ({"model": "tiny", "prompt": "w1", "logprobs": 2}, 400, "logprobs"),
+        ({"model": "tiny", "prompt": "w1", "logprobs": 99}, 400, "logprobs"),
         ({"model": "tiny", "prompt": ""}, 400, "prompt"),
         ({"model": "tiny", "prompt": [1, 2, 99999]}, 400, "prompt"),
         ({"model": "tiny"}, 400, "prompt"),
@@ -228,6 +228,8 @@ def test_bad_requests_get_the_openai_error_shape(slim):
         got, data = slim.raw("/v1/completions", body)
         assert got == status, (body, got, data)
         assert set(data["error"]) == {"message", "type", "param", "code"} and data["error"]["param"] == param, data
+    got, data = slim.raw("/v1/completions", {"model": "tiny", "prompt": "w1"}, {"X-SlimCaching-User": "nobody"})
+    assert got == 400 and data["error"]["param"] == "x-slimcaching-user" and data["error"]["code"] == "unknown_user"
     got, data = slim.raw("/v1/chat/completions", {"model": "tiny", "messages": []})
     assert got == 400 and data["error"]["param"] == "messages"
     got, data = slim.raw("/v1/nothing-here")
@@ -271,14 +273,13 @@ def test_a_client_that_disconnects_mid_stream_frees_its_device(slim):
     deadline = time.time() + 30
     while time.time() < deadline:
         m = slim.metrics()
-        if m[("slimcaching_requests_in_progress", ())] == 0 and \
-                m.get(("slimcaching_requests_finished_total", (("finish_reason", "cancelled"),)), 0) > \
-                before.get(("slimcaching_requests_finished_total", (("finish_reason", "cancelled"),)), 0):
+        cancelled = ("slimcaching_requests_finished_total", (("finish_reason", "cancelled"),) + MODEL)
+        if m[("slimcaching_requests_in_progress", ())] == 0 and m.get(cancelled, 0) > before.get(cancelled, 0):
             break
         time.sleep(0.1)
     else:
         pytest.fail(f"the cancelled request was not released: {[(k, v) for k, v in m.items() if 'finished' in k[0]]}")
-    tokens = m[("slimcaching_generation_tokens_total", ())] - before[("slimcaching_generation_tokens_total", ())]
+    tokens = m[("slimcaching_generation_tokens_total", MODEL)] - before[("slimcaching_generation_tokens_total", MODEL)]
     assert tokens < 120  # it stopped early
     t0 = time.time()
     r = slim.client.completions.create(model="tiny", prompt="w1", max_tokens=2, user="u3")
@@ -290,18 +291,25 @@ def test_metrics_are_scraped_and_parsed(slim):
     r = slim.client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=4, temperature=0, user="u1")
     m = slim.metrics()
 
-    def delta(name, labels=()):
+    def delta(name, labels=MODEL):
         return m.get((name, labels), 0) - before.get((name, labels), 0)
 
     assert delta("slimcaching_generation_tokens_total") == r.usage.completion_tokens == 4
     assert delta("slimcaching_prompt_tokens_total") == r.usage.prompt_tokens
     assert delta("slimcaching_token_latency_seconds_count") == 3  # decoded tokens after the prefill
-    assert delta("slimcaching_token_measured_over_predicted_count") == 3
+    assert delta("slimcaching_token_latency_measured_over_predicted_ratio_count") == 3
     assert delta("slimcaching_time_to_first_token_seconds_count") == 1
+    assert delta("slimcaching_e2e_request_latency_seconds_count") == 1
+    assert delta("slimcaching_request_generation_tokens_sum") == 4
+    assert delta("slimcaching_request_prompt_tokens_sum") == r.usage.prompt_tokens
+    assert not [k for k in m if k[0].endswith("_created")]  # no _created series
+    assert m[("slimcaching_requests_running", ())] == 0 and m[("slimcaching_requests_waiting", ())] == 0
     assert delta("slimcaching_http_requests_total", (("endpoint", "/v1/completions"), ("status", "200"))) == 1
     for n in slim.ctx.layout.nodes:
         assert m[("slimcaching_node_up", (("node", n),))] == 1
         assert m[("slimcaching_node_rss_bytes", (("node", n),))] > 0
+        assert ("slimcaching_node_in_flight", (("node", n),)) in m
+        assert ("slimcaching_node_connections", (("node", n),)) in m
     assert sum(v for (name, _), v in m.items() if name == "slimcaching_node_expert_executions_total") > 0
     batches = sum(v for (name, _), v in m.items() if name == "slimcaching_node_batches_total")
     counted = sum(v for (name, _), v in m.items() if name == "slimcaching_node_batch_size_count")

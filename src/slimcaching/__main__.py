@@ -38,7 +38,9 @@ def main() -> int:
     if pressed:
         sys.stderr.write("interrupted\n")
         return 130
-    return cli_main()
+    from slimcaching.cli.common import finish  # start-up: imported with the CLI above
+
+    return finish(cli_main())
 
 
 if __name__ == "__main__":

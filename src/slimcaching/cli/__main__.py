@@ -3,5 +3,6 @@
 import sys
 
 from slimcaching.cli import main
+from slimcaching.cli.common import finish
 
-sys.exit(main())
+sys.exit(finish(main()))

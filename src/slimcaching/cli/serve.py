@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slimcaching.cli.common import console, flags, note
+from slimcaching.cli.common import QUICK_EXIT, console, flags, note
 from slimcaching.cli.runtime_options import (
     BatchWaitOpt,
     DeadlineOpt,
@@ -54,6 +54,10 @@ def serve_cmd(
     max_batch: MaxBatchOpt = DEFAULTS.max_batch_rows,
     batch_wait: BatchWaitOpt = DEFAULTS.batch_wait_s,
     ray_placement: RayPlacementOpt = None,
+    assign: Annotated[str, typer.Option("--assign", help="Which scenario user serves a request that names none "
+                                        "(no X-SlimCaching-User header, no scenario user in 'user'): auto (the "
+                                        "'user' field hashed onto the users by rate, else the least-loaded "
+                                        "device), hash, round-robin or least-loaded.")] = "auto",
 ) -> None:
     """Serve the model through the cluster with an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics); SIGTERM or Ctrl-C stop every node."""
@@ -67,6 +71,10 @@ def serve_cmd(
         raise ScenarioError("--launcher", "not with --cluster (the nodes run already)", launcher)
     if api_key is not None and not api_key.strip():
         raise ScenarioError("--api-key", "must not be empty")
+    from slimcaching.runtime.assign import MODES  # start-up: a plain module, no extra
+
+    if assign not in MODES:
+        raise ScenarioError("--assign", f"expected one of {', '.join(MODES)}", assign)
     where = None
     if ray_placement is not None:
         from slimcaching.runtime.cluster import load_context  # start-up: needs the runtime extra
@@ -77,9 +85,10 @@ def serve_cmd(
     opts = ServeOptions(scenario, placement, str(model) if model else None, model_name,
                         str(cluster) if cluster else None, host, port, not no_emulate, pace, launcher, address,
                         api_key, insecure, deadline_factor, deadline_floor, retry_after, max_devices, max_queue,
-                        max_batch, batch_wait, where)
+                        max_batch, batch_wait, where, assign)
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),
               progress=note)
     console.print("[dim]stopped: the server, the devices and every node it started[/]")
+    QUICK_EXIT["asked"] = True  # nothing left to tear down: the process may end at once

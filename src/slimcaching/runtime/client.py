@@ -10,7 +10,7 @@ choice is an object, one class per architecture, picked once from the layout:
 - :class:`SplitServing` (split-style and hybrid): the embedding and the head here, every layer at a
   split host (:mod:`slimcaching.runtime.split`).
 
-A new serving architecture is one more class with ``load`` and ``generate`` and one entry in
+A new serving architecture is one more class with ``generate`` and ``score`` and one entry in
 :data:`ARCHITECTURES`.
 """
 
@@ -50,6 +50,13 @@ class ExpertOffload:
         return generate(self.model, tokenizer, prompt, max_new_tokens, self.client, pace=self.pace,
                         dense_s=self.dense_s, dense_exec=self.dense_exec, **kw)
 
+    def score(self, ids: list[int]):
+        """Logits at every position of ``ids``: one forward pass, its experts run as a prefill's are."""
+        import torch  # optional extra (hf)
+
+        with torch.no_grad():
+            return self.model(input_ids=torch.tensor([list(ids)])).logits[0].float()
+
 
 class SplitServing:
     """Split-style and hybrid serving: embedding and head on the device, the layers at a split host."""
@@ -68,6 +75,12 @@ class SplitServing:
         from slimcaching.runtime.split import generate_split  # optional extra (runtime: pyzmq)
 
         return generate_split(self.model, tokenizer, prompt, max_new_tokens, self.client, pace_s=self.own_s, **kw)
+
+    def score(self, ids: list[int]):
+        """Logits at every position of ``ids``: the prompt at the split host, every row sent back."""
+        from slimcaching.runtime.split import score_split  # optional extra (runtime: pyzmq)
+
+        return score_split(self.model, ids, self.client)
 
 
 ARCHITECTURES = {"slimcaching": ExpertOffload, "split": SplitServing}
@@ -117,6 +130,10 @@ class Device:
         """One prompt (text or token ids) through the cluster: ``{"tokens", "logits", "steps"}``."""
         return self.architecture.generate(self.tokenizer, prompt, max_new_tokens, on_token=on_token,
                                           arrivals=arrivals, session_prefix=session_prefix, decoding=decoding)
+
+    def score(self, ids: list[int]):
+        """Logits (positions x vocabulary, float32) of every position of ``ids`` through the cluster."""
+        return self.architecture.score(ids)
 
     def close(self) -> None:
         self.client.close()

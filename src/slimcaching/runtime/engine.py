@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from slimcaching.runtime.client import Device
 from slimcaching.runtime.config import as_config
 from slimcaching.runtime.metrics import NullMetrics
-from slimcaching.runtime.sampling import Decoding, SamplingParams, eos_ids
+from slimcaching.runtime.sampling import Decoding, SamplingParams, eos_ids, token_logprobs
 
 
 class Busy(RuntimeError):
@@ -41,6 +41,7 @@ class Job:
     submitted_at: float = field(default_factory=time.time)
     id: int = 0
     released: bool = False  # the HTTP side is done with it (its in-progress count returned)
+    echo_logprobs: int | None = None  # with echo: the prompt's log-probabilities (this many alternatives)
 
 
 class DeviceWorker(threading.Thread):
@@ -89,21 +90,29 @@ class DeviceWorker(threading.Thread):
         if self.load_error is not None:
             job.emit(("error", 503, self.load_error))
             return
-        if job.cancel.is_set():
-            job.emit(("done", {"finish_reason": "cancelled", "prompt_tokens": len(job.prompt_ids),
-                               "completion_tokens": 0}))
+        if job.cancel.is_set():  # its client left while it waited
+            info = {"finish_reason": "cancelled", "prompt_tokens": len(job.prompt_ids), "completion_tokens": 0,
+                    "queued_s": time.time() - job.submitted_at, "first_token_s": 0.0, "generate_s": 0.0,
+                    "token_measured_s": [], "token_predicted_s": [], "prompt_logprobs": None}
+            eng.metrics.request_done(self.user, info)
+            job.emit(("done", info))
             return
         from slimcaching.runtime.device import ClusterError  # optional extra (runtime: pyzmq)
 
         started = time.time()
         first: dict = {}
 
-        def emit_text(delta: str) -> None:
+        def emit_text(delta: str, logprobs: list) -> None:
             first.setdefault("at", time.time())
-            job.emit(("text", delta))
+            job.emit(("text", delta, logprobs))
 
-        dec = Decoding(job.params, self.device.tokenizer, self.eos, emit=emit_text, cancel=job.cancel)
+        dec = Decoding(job.params, self.device.tokenizer, self.eos, emit=emit_text, cancel=job.cancel,
+                       prompt_ids=list(job.prompt_ids))
         try:
+            prompt_lp = None
+            if job.echo_logprobs is not None:  # the prompt through the cluster once more, every position kept
+                prompt_lp = token_logprobs(self.device.score(job.prompt_ids)[:-1], job.prompt_ids[1:],
+                                           job.echo_logprobs)
             r = self.device.generate(job.prompt_ids, job.params.max_tokens, session_prefix=f"r{job.id}",
                                      decoding=dec)
         except ClusterError as exc:
@@ -121,7 +130,7 @@ class DeviceWorker(threading.Thread):
                 "first_token_s": (first.get("at", time.time()) - job.submitted_at),
                 "generate_s": time.time() - started,
                 "token_measured_s": [s["measured_s"] for s in steps],
-                "token_predicted_s": [s["predicted_s"] for s in steps]}
+                "token_predicted_s": [s["predicted_s"] for s in steps], "prompt_logprobs": prompt_lp}
         eng.metrics.request_done(self.user, info)
         job.emit(("done", info))
 
@@ -184,6 +193,39 @@ class Engine:
 
     def loaded_devices(self) -> int:
         return len(self.workers)
+
+    def load(self) -> dict[str, int]:
+        """Requests waiting or running per user whose device is loaded (an unloaded user has none)."""
+        with self.lock:
+            return {u: w.jobs.qsize() + (1 if w.busy else 0) for u, w in self.workers.items()}
+
+    def counts(self) -> tuple[int, int]:
+        """(requests running, requests waiting) over every device."""
+        with self.lock:
+            workers = list(self.workers.values())
+        running = sum(1 for w in workers if w.busy)
+        return running, sum(max(0, w.jobs.qsize()) for w in workers)
+
+    def abort(self, reason: str) -> None:
+        """Refuse new requests and answer every queued or running one with a 503 ``reason`` now
+        (a running one also stops at its next token); the devices stay until :meth:`close`."""
+        with self.lock:
+            self.closed = True
+            workers = list(self.workers.values())
+        for w in workers:
+            while True:
+                try:
+                    job = w.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    w.jobs.put(None)
+                    break
+                job.emit(("error", 503, reason))
+            job = w.current
+            if job is not None:
+                job.cancel.set()
+                job.emit(("error", 503, reason))
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what is queued or running, stop every device (its sockets closed)."""

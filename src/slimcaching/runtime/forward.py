@@ -45,7 +45,7 @@ class StepForwarder:
         now = time.time()
         path = lay.paths[(node.name, msg.host)]
         sub = SplitStep(next(node.ids), msg.model, msg.user, msg.session, msg.start, msg.host, msg.x, relay=False,
-                        reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag)
+                        reply_hops=reversed_path(path), dtype_tag=msg.dtype_tag, all_rows=msg.all_rows)
         links = [node.transport.link(hp) for hp in path]
         frames = protocol.stamp(sub, lambda size: schedule_path(links, size, time.time()))
         n = msg.x.shape[0]

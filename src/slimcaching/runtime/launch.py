@@ -29,6 +29,7 @@ from slimcaching.runtime import admin, protocol
 from slimcaching.runtime.cluster import load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.node import NodeServer, rss_bytes
+from slimcaching.runtime.reaper import Reaper
 from slimcaching.runtime.security import ADMIN, Keyring, ephemeral_keyrings, write_keyring_dir
 from slimcaching.runtime.weights import load_experts
 
@@ -268,8 +269,10 @@ class LocalCluster:
     def __init__(self, nodes: list[str], scenario: str, placement: str, model_dir: str, model_name: str,
                  workdir: Path, *, config: RuntimeConfig = DEFAULTS, launcher: str = "local",
                  ray_address: str | None = None, users: list[str] = (), progress=None,
-                 ray_placement: dict | None = None):
+                 ray_placement: dict | None = None, reap: bool = False):
         self.names = nodes
+        self.reap = reap  # a watchdog stops the nodes and removes workdir if this process is killed
+        self.reaper = None
         self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
         self.config = config
@@ -307,6 +310,8 @@ class LocalCluster:
             t0 = time.time()
             for n in self.names:  # start all at once: each one spends seconds importing torch
                 self.nodes[n].spawn()
+            if self.reap and self.launcher == "local":
+                self.reaper = Reaper(self.workdir, [p.proc.pid for p in self.nodes.values()])
             for i, n in enumerate(self.names, 1):
                 self.nodes[n].wait_ready(self.start_timeout)
                 if self.progress is not None:
@@ -370,10 +375,15 @@ class LocalCluster:
         for n, p in self.nodes.items():
             h = self.request(n, protocol.Ping(1), timeout=2.0) if p.alive() else None
             out[n] = ({"alive": True, "rss_bytes": h.get("rss_bytes"), "held": len(h.get("held", [])),
-                       "stats": h.get("stats")} if h else {"alive": False})
+                       "stats": h.get("stats"), "in_flight": h.get("in_flight"),
+                       "in_flight_bytes": h.get("in_flight_bytes"), "connections": h.get("connections")}
+                      if h else {"alive": False})
         return out
 
     def close(self) -> None:
+        if self.reaper is not None:  # we clean up ourselves
+            self.reaper.stop()
+            self.reaper = None
         for p in self.nodes.values():
             if p.alive():
                 try:

@@ -356,7 +356,9 @@ class SplitStep:
     hybrid execution"): the embeddings of tokens ``start .. start + n - 1`` of ``user``'s session
     ``session``, to run every layer of the model at ``host`` (which keeps the session's KV cache);
     ``start == 0`` begins the session afresh (a new prompt, or a rebuild after fail-over). A node
-    that is not ``host`` forwards it there when ``relay`` (the device's access server does)."""
+    that is not ``host`` forwards it there when ``relay`` (the device's access server does).
+    ``all_rows``: answer every row's last hidden state, not only the last row's (a prompt scored
+    for its log-probabilities)."""
 
     id: int
     model: str
@@ -370,6 +372,7 @@ class SplitStep:
     reply_hops: list[tuple[str, str]] = field(default_factory=list)
     dtype_tag: str | None = None
     deliver_at: float | None = None
+    all_rows: bool = False
     op = "step"
 
     def header(self) -> dict:
@@ -378,6 +381,8 @@ class SplitStep:
              "reply_hops": [list(hp) for hp in self.reply_hops], "dtype_tag": self.dtype_tag}
         if self.deliver_at is not None:
             h["deliver_at"] = self.deliver_at
+        if self.all_rows:
+            h["all_rows"] = True
         return h
 
     def payload(self) -> list:
@@ -403,10 +408,13 @@ class SplitStep:
         tag = h.get("dtype_tag")
         if tag not in DTYPE_TAGS:
             raise ProtocolError("step: dtype_tag must be absent or 'bfloat16'")
+        all_rows = h.get("all_rows", False)
+        if not isinstance(all_rows, bool):
+            raise ProtocolError("step: all_rows must be true or false")
         return cls(_int(h, "id"), _str(h, "model"), _str(h, "user", max_len=64), session,
                    _int(h, "start", 0, 1 << 24), _str(h, "host", max_len=64), tensors[0], relay,
                    _str(h, "reply_user", optional=True, max_len=64), [tuple(p) for p in hops], tag,
-                   _time(h, "deliver_at"))
+                   _time(h, "deliver_at"), all_rows)
 
     def check(self, layout, max_rows: int, now: float | None = None, max_ahead_s: float = float("inf")) -> str | None:
         """Why this step cannot be served in ``layout`` (None if it can)."""

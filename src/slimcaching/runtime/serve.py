@@ -50,6 +50,7 @@ class ServeOptions:
     max_batch_rows: int = DEFAULTS.max_batch_rows
     batch_wait_s: float = DEFAULTS.batch_wait_s
     ray_placement: dict | None = None
+    assign: str = "auto"
 
     def runtime_config(self, **changes) -> RuntimeConfig:
         """The settings the nodes and devices of this server share (``changes``: e.g. a cluster
@@ -78,34 +79,49 @@ def bind_http(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_api(engine, ctx, *, metrics=True, node_status=None, api_key=None, log=None):
+def build_api(engine, ctx, *, metrics=True, node_status=None, api_key=None, log=None, assign: str = "auto"):
     """The :class:`~slimcaching.runtime.openai_api.API` of an engine (tokenizer, context, vocabulary
-    from the model directory; metrics in a registry of its own)."""
+    from the model directory; metrics in a registry of its own; ``assign``: how requests that name
+    no user are spread over the scenario's users)."""
     from transformers import AutoConfig, AutoTokenizer  # optional extra (hf)
 
+    from slimcaching.runtime.assign import Assigner  # a plain module: with its users below
     from slimcaching.runtime.metrics import ServeMetrics  # optional extra (serve)
     from slimcaching.runtime.openai_api import API  # optional extra (serve)
 
     cfg = AutoConfig.from_pretrained(str(ctx.model_dir))
     cfg = getattr(cfg, "text_config", None) or cfg
-    m = ServeMetrics(node_status=node_status, devices=engine.loaded_devices) if metrics else None
+    m = ServeMetrics(node_status=node_status, devices=engine.loaded_devices, counts=engine.counts,
+                     model=ctx.layout.model) if metrics else None
     if m is not None:
         engine.metrics = m
+    users = [u for u in ctx.scenario.users if u.name in ctx.layout.homes]  # those of the served model
+    assigner = Assigner([u.name for u in users], [u.rate for u in users], assign, load=engine.load)
     return API(engine, AutoTokenizer.from_pretrained(str(ctx.model_dir)), model_name=ctx.layout.model,
                context=ctx.layout.context, vocab=int(cfg.vocab_size), metrics=m, node_status=node_status,
-               api_key=api_key, log=log)
+               api_key=api_key, log=log, assigner=assigner)
 
 
 class HTTPServer:
-    """uvicorn on a bound socket, in this thread (:meth:`run`) or a background one (:meth:`start`)."""
+    """uvicorn on a bound socket, in this thread (:meth:`run`) or a background one (:meth:`start`),
+    with the connection guard of :mod:`slimcaching.runtime.http_guard`. ``on_shutdown()`` runs
+    when shutdown begins (the engine answers its open requests with an error), and connections
+    still open ``grace_s`` later are closed."""
 
-    def __init__(self, app, sock: socket.socket, ready=None):
+    def __init__(self, app, sock: socket.socket, ready=None, *, on_shutdown=None, grace_s: float = 1.5,
+                 header_timeout_s: float | None = None, max_connections: int | None = None,
+                 per_address: int | None = None):
         import uvicorn  # optional extra (serve)
+
+        from slimcaching.runtime import http_guard  # optional extra (serve: uvicorn)
 
         self.sock = sock
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5)
+        guard = http_guard.guarded_h11(
+            http_guard.DEFAULT_HEADER_TIMEOUT_S if header_timeout_s is None else header_timeout_s,
+            max_connections, http_guard.DEFAULT_PER_ADDRESS if per_address is None else per_address)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=guard,
+                                timeout_graceful_shutdown=grace_s)
         outer = self
 
         class _Server(uvicorn.Server):
@@ -113,6 +129,11 @@ class HTTPServer:
                 await super().startup(sockets)
                 if self.started and ready is not None:
                     ready(outer.port)
+
+            async def shutdown(self, sockets=None):
+                if on_shutdown is not None:
+                    on_shutdown()
+                await super().shutdown(sockets)
 
         self.server = _Server(config)
         self.thread: threading.Thread | None = None
@@ -195,7 +216,7 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                 cluster = stack.enter_context(LocalCluster(
                     ctx.layout.nodes, sc, str(pl), str(ctx.model_dir), ctx.layout.model, workdir, config=config,
                     launcher=opts.launcher, ray_address=opts.ray_address, users=users, progress=say,
-                    ray_placement=opts.ray_placement))
+                    ray_placement=opts.ray_placement, reap=True))
                 addrs = cluster.addresses
                 keyring_of = cluster.keyring
 
@@ -203,16 +224,17 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                     return {n: (st if st.get("alive") else None) for n, st in cluster.status().items()}
 
             engine = Engine(ctx, addrs, config, keyring_of=keyring_of, log=say)
-            stack.callback(engine.close)
+            stack.callback(engine.close, timeout=2.0)
             first = ctx.scenario.users[0].name
             why = engine.preload(first)  # the default user's device: the first request should not wait for it
             if why is not None:
                 raise ScenarioError("device", why)
             say(f"device {first} loaded ({ctx.layout.way(first)})")
-            api = build_api(engine, ctx, node_status=node_status, api_key=opts.api_key, log=say)
+            api = build_api(engine, ctx, node_status=node_status, api_key=opts.api_key, log=say,
+                            assign=opts.assign)
             host = f"[{opts.host}]" if ":" in opts.host else opts.host
             server = HTTPServer(api.app(), sock, ready=lambda port: (ready or (lambda url: None))(
-                f"http://{host}:{port}"))
+                f"http://{host}:{port}"), on_shutdown=lambda: engine.abort("the server is shutting down"))
             server.run()
     except KeyboardInterrupt:
         pass

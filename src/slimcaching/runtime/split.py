@@ -393,7 +393,7 @@ class SplitHost:
                                **{self.cache_arg: sess.cache})
         cache = out.get("cache") if "cache" in out else out.get("past_key_values")
         sess.cache, sess.length, sess.last_used = cache, sess.length + n, time.time()
-        last = out.last_hidden_state[0, -1:, :]
+        last = out.last_hidden_state[0] if step.all_rows else out.last_hidden_state[0, -1:, :]
         end = time.time()
         dense_real = end - t0 - self.experts.expert_seconds
         pad = 0.0
@@ -481,9 +481,11 @@ class SplitClient:
                  + lay.layers * (worst + lay.paced_exec_s(host, tokens)))
         return self.config.deadline_factor * bound + 3.0 * self.config.deadline_floor_s
 
-    def step(self, session: str, start: int, x: np.ndarray, tag: str | None, history) -> tuple[Result, dict]:
+    def step(self, session: str, start: int, x: np.ndarray, tag: str | None, history,
+             all_rows: bool = False) -> tuple[Result, dict]:
         """Run one step; returns the host's result and what happened (host, rebuilt from 0, the
-        fallbacks). ``history()`` gives every token's embeddings so far, for a rebuild."""
+        fallbacks). ``history()`` gives every token's embeddings so far, for a rebuild;
+        ``all_rows``: every row's hidden state back, not only the last one's."""
         t0 = time.time()
         info = {"host": None, "start": start, "rebuilt": False}
         tried: set[tuple[str, str]] = set()
@@ -502,7 +504,7 @@ class SplitClient:
             tried.add((target, host))
             req = SplitStep(next(self.ids), self.layout.model, self.user, session, start, host, x,
                             relay=host != target, reply_user=self.user,
-                            reply_hops=[(CLOUD, via)] if direct else [], dtype_tag=tag)
+                            reply_hops=[(CLOUD, via)] if direct else [], dtype_tag=tag, all_rows=all_rows)
             links = [self.uplinks[via], self.backhauls[via]] if direct else [self.uplinks[via]]
             req.deliver_at = schedule_path(links, protocol.message_bytes(req.frames()), time.time())
             deadline = time.time() + self._deadline(host, x.shape[0])
@@ -541,7 +543,8 @@ class SplitClient:
                 continue
             if isinstance(msg, ErrorReply):
                 return msg.reason[:200]
-            if not (isinstance(msg, Result) and len(msg.tensors) == 1 and msg.tensors[0].shape == (1, req.x.shape[1])
+            rows = req.x.shape[0] if req.all_rows else 1
+            if not (isinstance(msg, Result) and len(msg.tensors) == 1 and msg.tensors[0].shape == (rows, req.x.shape[1])
                     and msg.tensors[0].dtype == req.x.dtype):
                 return "malformed or mismatched reply"
             if msg.deliver_at is not None and msg.deliver_at > deadline + 10.0:
@@ -657,3 +660,19 @@ def generate_split(model, tokenizer, prompt: str | list[int], max_new_tokens: in
                 break
     client.end(session, host)
     return {"tokens": new, "logits": np.stack(logits_out), "steps": steps}
+
+
+def score_split(model, ids: list[int], client: SplitClient, session_prefix: str = "score"):
+    """The logits of every position of ``ids`` (a prompt scored for its log-probabilities, echo):
+    one step with every row's hidden state back, the head on each; the session is ended at once."""
+    import torch  # optional extra (hf)
+
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    session = f"{session_prefix}.{time.time_ns()}"
+    with torch.no_grad():
+        x = embed(torch.tensor([list(ids)]))[0]
+        tag = "bfloat16" if x.dtype == torch.bfloat16 else None
+        res, info = client.step(session, 0, to_numpy(x), tag, lambda: to_numpy(x), all_rows=True)
+        logits = head(to_torch(res.tensors[0], tag)).float()
+    client.end(session, info["host"])
+    return logits
