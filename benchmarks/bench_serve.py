@@ -121,7 +121,7 @@ async def clients(url: str, n: int, seconds: float, max_tokens: int, stock: bool
                 model="tiny", prompt=PROMPTS[(i + k) % len(PROMPTS)], max_tokens=max_tokens, temperature=0,
                 stream=True, stream_options={"include_usage": True}, **who(i))
             served_by.add(raw.headers.get("x-slimcaching-user", "?"))
-            stream = await raw.parse()
+            stream = raw.parse()
             async for chunk in stream:
                 now = time.time()
                 if chunk.choices and chunk.choices[0].text:
