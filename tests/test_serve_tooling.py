@@ -406,3 +406,59 @@ def test_kill_9_leaves_no_node_and_no_keys(tmp_path, model_dir):
         for p in children:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# ---- devices in worker processes -------------------------------------------------------------------
+def test_device_pool_serves_as_the_threads_do(tmp_path, model_dir, reference):
+    from slimcaching.runtime.device_pool import DevicePool
+    from slimcaching.runtime.serve import HTTPServer, bind_http, build_api
+    from slimcaching.runtime.session import RunOptions
+
+    ctx, _ = _served(tmp_path, model_dir, "slimcaching")
+    opts = RunOptions("", "", str(ctx.model_dir), ctx.layout.model, emulate=False, reference=False,
+                      deadline_floor_s=FLOOR)
+    with thread_cluster(ctx, deadline_floor_s=FLOOR) as (servers, addrs):
+        pool = DevicePool(ctx, addrs, opts, (tmp_path / "slimcaching.yaml", tmp_path / "slimcaching.json",
+                                             ctx.model_dir, ctx.layout.model), workers=2)
+        http = None
+        try:
+            assert len({p.pid for p in pool.procs}) == 2 and pool.worker_of["u0"] != pool.worker_of["u1"]
+            api = build_api(pool, ctx)
+            http = HTTPServer(api.app(), bind_http("127.0.0.1", 0)).start()
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{http.port}/v1", api_key="none", max_retries=0)
+
+            def one(i):
+                r = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[i], max_tokens=6,
+                                                                temperature=0, logprobs=1)
+                return r.headers["x-slimcaching-user"], r.parse()
+
+            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                got = list(ex.map(one, range(4)))
+            assert len({u for u, _ in got}) == 4
+            for i, (_, r) in enumerate(got):
+                assert r.choices[0].text == reference(PROMPTS[i], 6)[0]
+                assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+            stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                               stream=True, extra_headers={"X-SlimCaching-User": "u1"})
+            assert "".join(c.choices[0].text for c in stream) == reference(PROMPTS[0], 6)[0]
+            assert pool.counts() == (0, 0) and pool.loaded_devices() == 4
+            # a worker that dies fails nothing that finished, and is started again for the next request
+            dead = pool.procs[0]
+            dead.kill()
+            dead.join(5)
+            user = next(u for u, w in pool.worker_of.items() if w == 0)
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                try:
+                    r = client.completions.create(model="tiny", prompt="w1", max_tokens=2,
+                                                  extra_headers={"X-SlimCaching-User": user})
+                    break
+                except openai.APIStatusError as exc:
+                    assert exc.status_code == 503
+                    time.sleep(0.5)
+            assert r.usage.completion_tokens >= 1 and pool.procs[0].pid != dead.pid
+        finally:
+            if http is not None:
+                http.stop()
+            pool.close()
+        assert not any(p.is_alive() for p in pool.procs)

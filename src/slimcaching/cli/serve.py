@@ -58,6 +58,9 @@ def serve_cmd(
                                         "(no X-SlimCaching-User header, no scenario user in 'user'): auto (the "
                                         "'user' field hashed onto the users by rate, else the least-loaded "
                                         "device), hash, round-robin or least-loaded.")] = "auto",
+    device_workers: Annotated[int | None, typer.Option("--device-workers", min=0, max=256, help="Processes the "
+                                                       "user devices run in, users pinned to one each (default: "
+                                                       "one per core; 0: threads of the serving process).")] = None,
 ) -> None:
     """Serve the model through the cluster with an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics); SIGTERM or Ctrl-C stop every node."""
@@ -85,7 +88,7 @@ def serve_cmd(
     opts = ServeOptions(scenario, placement, str(model) if model else None, model_name,
                         str(cluster) if cluster else None, host, port, not no_emulate, pace, launcher, address,
                         api_key, insecure, deadline_factor, deadline_floor, retry_after, max_devices, max_queue,
-                        max_batch, batch_wait, where, assign)
+                        max_batch, batch_wait, where, assign, device_workers)
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),

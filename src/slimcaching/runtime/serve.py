@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import socket
 import tempfile
@@ -51,6 +52,7 @@ class ServeOptions:
     batch_wait_s: float = DEFAULTS.batch_wait_s
     ray_placement: dict | None = None
     assign: str = "auto"
+    device_workers: int | None = None  # processes for the devices (None: one per core; 0: threads here)
 
     def runtime_config(self, **changes) -> RuntimeConfig:
         """The settings the nodes and devices of this server share (``changes``: e.g. a cluster
@@ -223,7 +225,20 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                 def node_status() -> dict:
                     return {n: (st if st.get("alive") else None) for n, st in cluster.status().items()}
 
-            engine = Engine(ctx, addrs, config, keyring_of=keyring_of, log=say)
+            workers = (os.cpu_count() or 1) if opts.device_workers is None else opts.device_workers
+            if workers > 0:
+                from slimcaching.runtime.device_pool import DevicePool  # start-up: only with device workers
+
+                served = [u.name for u in ctx.scenario.users if u.name in ctx.layout.homes]
+                say(f"starting {workers} device worker process(es)")
+                try:
+                    engine = DevicePool(ctx, addrs, config, (sc, pl, ctx.model_dir, ctx.layout.model),
+                                        workers=workers, log=say, keys_dir=keys if opts.cluster else None,
+                                        rings=None if opts.cluster else {u: keyring_of(u).to_dict() for u in served})
+                except RuntimeError as exc:
+                    raise ScenarioError("--device-workers", str(exc), workers) from None
+            else:
+                engine = Engine(ctx, addrs, config, keyring_of=keyring_of, log=say)
             stack.callback(engine.close, timeout=2.0)
             first = ctx.scenario.users[0].name
             why = engine.preload(first)  # the default user's device: the first request should not wait for it
