@@ -59,12 +59,13 @@ SCENARIO = {
 PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7 w3", "w20 w11 w5 w6", "w3 w3 w8 w40"]
 
 
-def setup(root: Path) -> tuple[Path, Path, Path]:
+def setup(root: Path, users: int = 16) -> tuple[Path, Path, Path]:
     from slimcaching.cli import main
     from slimcaching.runtime.tiny import build_tiny_model
 
     model = build_tiny_model(root / "tiny", hidden=64, intermediate=128, layers=2, experts=8, top_k=2)
-    data = dict(SCENARIO, models=[{"name": "tiny", "hf": str(model)}])
+    data = dict(SCENARIO, models=[{"name": "tiny", "hf": str(model)}],
+                user_groups=[dict(SCENARIO["user_groups"][0], count=users)])
     sc = root / "scenario.yaml"
     sc.write_text(yaml.safe_dump(data, sort_keys=False))
     pl = root / "placement.json"
@@ -72,9 +73,10 @@ def setup(root: Path) -> tuple[Path, Path, Path]:
     return model, sc, pl
 
 
-def start_serve(sc: Path, pl: Path, model: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_serve(sc: Path, pl: Path, model: Path, max_batch: int, workers: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "serve", str(sc), str(pl), "--model", str(model),
-                             "--port", "0", "--pace", "--max-batch", str(max_batch), "--max-queue", "4"],
+                             "--port", "0", "--pace", "--max-batch", str(max_batch), "--max-queue", "4",
+                             "--max-devices", "256", "--device-workers", str(workers)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     line = proc.stdout.readline()
@@ -152,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batching", default="64,1", help="max-batch values to compare (1: no batching)")
+    ap.add_argument("--workers", default="2", help="--device-workers values to compare (0: threads)")
     ap.add_argument("--stock", action="store_true", help="no user header or field: the server assigns users")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -160,12 +163,13 @@ def main(argv=None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model, sc, pl = setup(Path(tmp))
+        counts = [int(x) for x in a.clients.split(",")]
+        model, sc, pl = setup(Path(tmp), max(16, *counts))
         ctx = load_context(sc, pl, model)
-        for mb in [int(x) for x in a.batching.split(",")]:
-            proc, url = start_serve(sc, pl, model, mb)
+        for mb, workers in [(int(b), int(w)) for b in a.batching.split(",") for w in a.workers.split(",")]:
+            proc, url = start_serve(sc, pl, model, mb, workers)
             try:
-                for n in [int(x) for x in a.clients.split(",")]:
+                for n in counts:
                     m0 = scrape(url)
                     res = asyncio.run(clients(url, n, a.seconds, a.max_tokens, a.stock))
                     m1 = scrape(url)
@@ -173,7 +177,8 @@ def main(argv=None) -> int:
                     b, r = d["slimcaching_node_batches_total"], d["slimcaching_node_batched_requests_total"]
                     count = d["slimcaching_token_latency_seconds_count"]
                     sim = simulate_at_rates(ctx, res["rates"], max_batch=mb, tokens=20000)
-                    row = {"max_batch": mb, "clients": n, "stock": a.stock, "users_served": len(res["served_by"]),
+                    row = {"max_batch": mb, "device_workers": workers, "clients": n, "stock": a.stock,
+                           "users_served": len(res["served_by"]),
                            "tokens_per_s": res["tokens"] / res["wall_s"],
                            "ttft_p50_s": pct(res["ttft"], 50), "ttft_p95_s": pct(res["ttft"], 95),
                            "ttft_p99_s": pct(res["ttft"], 99), "token_p50_s": pct(res["gaps"], 50),
@@ -192,17 +197,19 @@ def main(argv=None) -> int:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
     print()
-    print("| batching | clients | tokens/s | TTFT p50 / p95 / p99 ms | between streamed tokens p50 / p95 / p99 ms | "
+    print("| batching | device workers | clients | tokens/s | TTFT p50 / p95 / p99 ms | "
+          "between streamed tokens p50 / p95 / p99 ms | "
           "per token measured / no-load model ms | requests per batch | simulated per token mean / p95 / p99 ms "
           "(max server util.) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def ms(x):
         return "-" if x is None else f"{1e3 * x:.1f}"
 
     for r in rows:
         rpb = "-" if r["requests_per_batch"] is None else f"{r['requests_per_batch']:.2f}"
-        print(f"| {'on (64)' if r['max_batch'] > 1 else 'off'} | {r['clients']} | {r['tokens_per_s']:.1f} | "
+        print(f"| {'on (64)' if r['max_batch'] > 1 else 'off'} | {r['device_workers']} | {r['clients']} | "
+              f"{r['tokens_per_s']:.1f} | "
               f"{ms(r['ttft_p50_s'])} / {ms(r['ttft_p95_s'])} / {ms(r['ttft_p99_s'])} | "
               f"{ms(r['token_p50_s'])} / {ms(r['token_p95_s'])} / {ms(r['token_p99_s'])} | "
               f"{ms(r['device_token_mean_s'])} / {ms(r['device_predicted_mean_s'])} | "
