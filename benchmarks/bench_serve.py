@@ -144,6 +144,50 @@ async def clients(url: str, n: int, seconds: float, max_tokens: int, stock: bool
             "ttft": ttft, "gaps": gaps, "served_by": sorted(served_by)}
 
 
+def run_tool(tool: str, exe: str, url: str, model: Path, n: int, seconds: float, max_tokens: int,
+             root: Path) -> dict:
+    """One stock tool against the server at concurrency ``n`` (no user named: the server assigns):
+    its own output tokens / s, requests and errors, read from its JSON export."""
+    out = root / f"{tool}-{n}"
+    out.mkdir(parents=True, exist_ok=True)
+    if tool == "guidellm":
+        prompts = out / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"prompt": PROMPTS[i % len(PROMPTS)] + f" w{i % 90 + 1}",
+                                               "output_tokens_count": max_tokens}) + "\n" for i in range(200)))
+        config = out / "guidellm.json"
+        config.write_text(json.dumps({"spec": {
+            "backend": {"kind": "openai_http", "target": url, "model": "tiny", "request_format": "/v1/completions"},
+            "profile": {"kind": "concurrent", "streams": n},
+            "tokenizer": {"kind": "huggingface_auto", "model": str(model)},
+            "data": [{"kind": "json_file", "path": str(prompts)}],
+            "constraints": [{"kind": "max_duration", "seconds": seconds}]}}))
+        argv = [exe, "run", "-c", str(config), "--disable-console-interactive",
+                "--output", f"kind=json,path={out / 'result.json'}"]
+    else:
+        argv = [exe, "profile", "--model", "tiny", "--url", url, "--endpoint-type", "completions", "--streaming",
+                "--concurrency", str(n), "--benchmark-duration", str(seconds), "--synthetic-input-tokens-mean", "8",
+                "--output-tokens-mean", str(max_tokens), "--tokenizer", str(model), "--extra-inputs",
+                "ignore_eos:true", "--artifact-dir", str(out)]
+    t0 = time.time()
+    r = subprocess.run(argv, cwd=out, capture_output=True, text=True, timeout=seconds * 10 + 300)
+    row = {"tool": tool, "clients": n, "exit": r.returncode, "wall_s": time.time() - t0}
+    if tool == "aiperf":
+        found = list(out.rglob("profile_export_aiperf.json"))
+        if found:
+            d = json.loads(found[0].read_text())
+            row.update(tokens_per_s=(d.get("output_token_throughput") or {}).get("avg"),
+                       requests=(d.get("request_count") or {}).get("avg"),
+                       errors=(d.get("error_request_count") or {}).get("avg", 0))
+    else:
+        log = r.stdout + r.stderr
+        pattern = r"completed \| elapsed=[0-9.]+s \| successful=(\d+) errored=(\d+).*?output_tokens/s=([0-9.]+)"
+        done = re.findall(pattern, log)
+        if done:
+            ok, bad, tps = done[-1]
+            row.update(tokens_per_s=float(tps), requests=int(ok), errors=int(bad))
+    return row
+
+
 def pct(xs, q) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
@@ -156,8 +200,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batching", default="64,1", help="max-batch values to compare (1: no batching)")
     ap.add_argument("--workers", default="2", help="--device-workers values to compare (0: threads)")
     ap.add_argument("--stock", action="store_true", help="no user header or field: the server assigns users")
+    ap.add_argument("--tool", action="append", default=[], metavar="NAME=EXE",
+                    help="also run a stock tool at each concurrency: guidellm=PATH or aiperf=PATH (their executables)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    tools = [t.split("=", 1) for t in a.tool]
+    if any(len(t) != 2 or t[0] not in ("guidellm", "aiperf") for t in tools):
+        raise SystemExit("--tool: expected guidellm=PATH or aiperf=PATH")
     from slimcaching.runtime.cluster import load_context
     from slimcaching.runtime.session import simulate_at_rates
 
@@ -193,6 +242,11 @@ def main(argv=None) -> int:
                                max(sim["server_utilisation"].values())}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    for tool, exe in tools:
+                        trow = dict(run_tool(tool, exe, url, model, n, a.seconds, a.max_tokens, Path(tmp)),
+                                    max_batch=mb, device_workers=workers)
+                        rows.append(trow)
+                        print(json.dumps(trow), flush=True)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
@@ -207,6 +261,10 @@ def main(argv=None) -> int:
         return "-" if x is None else f"{1e3 * x:.1f}"
 
     for r in rows:
+        if "tool" in r:
+            print(f"| {r['tool']}: {r.get('tokens_per_s')} tokens/s, {r.get('requests')} requests, "
+                  f"{r.get('errors')} errors (exit {r['exit']}) | {r['device_workers']} | {r['clients']} |")
+            continue
         rpb = "-" if r["requests_per_batch"] is None else f"{r['requests_per_batch']:.2f}"
         print(f"| {'on (64)' if r['max_batch'] > 1 else 'off'} | {r['device_workers']} | {r['clients']} | "
               f"{r['tokens_per_s']:.1f} | "
