@@ -28,9 +28,11 @@ import queue
 import threading
 import time
 
-from slimcaching.runtime.config import as_config
-from slimcaching.runtime.engine import Busy, Job
+from slimcaching.runtime.cluster import load_context
+from slimcaching.runtime.config import RuntimeConfig, as_config
+from slimcaching.runtime.engine import Busy, Engine, Job
 from slimcaching.runtime.metrics import NullMetrics
+from slimcaching.runtime.security import Keyring, load_keyring
 
 POLL_S = 0.5
 
@@ -61,11 +63,6 @@ def _die_with_parent() -> None:
 def _worker(spec: dict, jobs: multiprocessing.Queue, events: multiprocessing.Queue) -> None:
     """One worker process: an engine for the users pinned here, driven by ``jobs``."""
     _die_with_parent()
-    from slimcaching.runtime.cluster import load_context  # start-up: a fresh interpreter
-    from slimcaching.runtime.config import RuntimeConfig
-    from slimcaching.runtime.engine import Engine
-    from slimcaching.runtime.security import Keyring, load_keyring
-
     parent = spec["parent"]
     ctx = load_context(spec["scenario"], spec["placement"], spec["model_dir"], spec["model_name"])
     rings = spec.get("rings") or {}
