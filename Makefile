@@ -17,7 +17,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 # torch first, pinned: this machine family has the CPU wheel on disk; a bare "torch" would pull CUDA.
 $(VENV)/.full: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test,hf,ray,runtime,serve,eval]'
+	$(BIN)/python -m pip install -q -e '.[test,hf,ray,runtime,serve,eval,docs]'
 	touch $(VENV)/.core $@
 
 demo: $(VENV)/.core

@@ -9,7 +9,7 @@ SLOW_FIRST = (
     "test_kill_an_edge_server_mid_generation_loses_no_token", "test_exact_time_limit_is_not_called_optimal",
     "test_ray_launcher", "test_quick_capacity_writes_csv_figures_summary", "test_hybrid_quality_against_the_milp",
     "test_quality_k2_k3", "test_home_server_dies_device_goes_to_the_cloud", "test_no_copy_anywhere_is_one_clear_error",
-    "test_readme_example_end_to_end", "test_node_and_generate_commands_across_a_cluster_file",
+    "test_docs_blocks_run_as_printed", "test_node_and_generate_commands_across_a_cluster_file",
     "test_nodes_stop_when_the_launcher_is_killed", "test_file_fuzz_every_reader_ends_cleanly",
     "test_quality_k4_to_k8_several_models", "test_ray_backend_smoke",
 )

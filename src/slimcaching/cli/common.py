@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -50,6 +51,12 @@ def note(msg: str) -> None:
     """A progress line on stderr (node start-up, loading), dim; nothing with --quiet."""
     if not QUIET["on"]:
         console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)
+
+
+def timed_note(prefix: str = ""):
+    """``note`` with the seconds since this call: start-up steps that say how long they took."""
+    t0 = time.perf_counter()
+    return lambda msg: note(f"{prefix}{msg} ({time.perf_counter() - t0:.1f} s)")
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -64,12 +65,20 @@ def status_cmd(
     cluster: ClusterOpt,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=0.05, max=60, help="Seconds to wait per node.")] = 2.0,
+    wait: Annotated[float, typer.Option("--wait", min=0, max=3600, help="Ask again until every node answers or "
+                                        "this many seconds have passed (for scripts that start nodes); "
+                                        "exit 2 if some never answered.")] = 0.0,
 ) -> None:
     """Ping every node of a cluster file (as 'admin' when the file has keys): alive, experts, RSS."""
     from slimcaching.runtime import admin  # optional extra (runtime: pyzmq)
 
     addrs, keyring = _nodes(cluster, None)
+    deadline = time.monotonic() + wait
     rows = {n: admin.status(a, keyring=keyring, node=n, timeout=timeout) for n, a in addrs.items()}
+    while wait and not all(rows.values()) and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        rows.update({n: admin.status(addrs[n], keyring=keyring, node=n, timeout=timeout)
+                     for n, st in rows.items() if not st})
     if as_json:
         sys.stdout.write(json.dumps({n: ({"alive": True, "held": len(st.get("held", [])),
                                           "rss_bytes": st.get("rss_bytes"), "stats": st.get("stats")}
@@ -81,6 +90,9 @@ def status_cmd(
         t.add_row(n, addrs[n], "up" if st else "no answer", str(len(st.get("held", []))) if st else "-",
                   f"{st['rss_bytes'] / 2**20:.0f} MiB" if st and isinstance(st.get("rss_bytes"), int) else "-")
     out.print(t)
+    if wait and not all(rows.values()):
+        raise ScenarioError("--wait", f"no answer within {wait:g} s from",
+                            ", ".join(n for n, st in rows.items() if not st))
 
 
 @cluster_app.command("stop")

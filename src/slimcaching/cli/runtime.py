@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from slimcaching.cli.common import console, flags, ms, note, out
+from slimcaching.cli.common import console, flags, ms, note, out, timed_note
 from slimcaching.cli.runtime_options import (  # shared with serve
     AdaptHorizonOpt,
     AdaptOpt,
@@ -145,7 +145,9 @@ def node_cmd(
                                                      "free one; needs the serve extra).")] = None,
 ) -> None:
     """Run one node (edge server or cloud) of a cluster described by a cluster file."""
+    say = timed_note(f"node {name}: ")
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
+    say("read the cluster file, the scenario, the placement and the model's config")
     if name not in addrs:
         raise ScenarioError("node", f"not a node of the scenario ({', '.join(ctx.layout.nodes)})", name)
     host, port = addrs[name].removeprefix("tcp://").rsplit(":", 1)
@@ -167,7 +169,7 @@ def node_cmd(
                      metrics_port=metrics_port,
                      metrics_ready=lambda p: console.print(f"metrics on http://{bind or host}:{p}/metrics",
                                                            highlight=False, soft_wrap=True),
-                     accepts_configure=False, insecure=insecure)
+                     accepts_configure=False, insecure=insecure, progress=say)
     except KeyboardInterrupt:
         return
 

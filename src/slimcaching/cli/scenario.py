@@ -91,6 +91,7 @@ def scenario_new(
                             access_rtt=access_rtt, reach=reach)
     with flags(reach="--reach", top_k="--top-k"):
         data = generate_scenario_dict(opts)
-    resolve_scenario(data)  # validate before writing anything
+    sc = resolve_scenario(data)  # validate before writing anything
+    warn_implausible(sc)
     atomic_write(output, data_file_text(data, output, "--output"))
     console.print(f"wrote {output}")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slimcaching.cli.common import QUICK_EXIT, console, flags, note
+from slimcaching.cli.common import QUICK_EXIT, console, flags, timed_note
 from slimcaching.cli.runtime_options import (
     BatchWaitOpt,
     DeadlineOpt,
@@ -92,6 +92,6 @@ def serve_cmd(
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name",
                host="--host", port="--port", launcher="--launcher", address="--address"):
         serve(opts, ready=lambda url: print(f"serving on {url}", flush=True),
-              progress=note)
+              progress=timed_note())
     console.print("[dim]stopped: the server, the devices and every node it started[/]")
     QUICK_EXIT["asked"] = True  # nothing left to tear down: the process may end at once

@@ -535,10 +535,11 @@ class NodeServer:
 def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, peers: dict[str, str] | None = None,
              config: RuntimeConfig = DEFAULTS, parent_pid: int | None = None, ready=None, *,
              keyring: Keyring | None = None, accepts_configure: bool = True, insecure: bool = False,
-             metrics_port: int | None = None, metrics_ready=None) -> None:
+             metrics_port: int | None = None, metrics_ready=None, progress=None) -> None:
     """Load the experts ``name`` holds, listen on ``host:port``, connect to ``peers`` and serve
     until shut down; ``ready(port, rss)`` is called once listening. With ``metrics_port`` the node's
     Prometheus metrics are served on ``host:metrics_port`` too (``metrics_ready(port)``).
+    ``progress(text)`` hears each start-up step as it is done (a node takes seconds to a minute).
 
     With a ``keyring`` every connection is authenticated (CURVE); without one the node listens on
     loopback only, unless ``insecure``. ``accepts_configure=False``: peers come from ``peers``
@@ -554,11 +555,14 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
     if keyring is None and not insecure and not is_loopback(host):
         raise ScenarioError("bind", "without keys a node listens on loopback only: give the cluster file "
                             "'keys: DIR' (slimcaching keys), or --insecure on a network you trust", host)
+    say = progress or (lambda text: None)
+    say("torch imported")
     experts = load_experts(ctx.expert_source(), ctx.layout.held[name])
+    say(f"{len(ctx.layout.held[name])} experts loaded from {ctx.model_dir}")
     server = NodeServer(name, ctx.layout, experts, config=config, keyring=keyring,
                         accepts_configure=accepts_configure)
     try:
-        _start(server, ctx, name, host, port, peers, ready, metrics_port, metrics_ready)
+        _start(server, ctx, name, host, port, peers, ready, metrics_port, metrics_ready, say)
     except BaseException:  # nothing listens: its sockets closed here, not by whoever collects them
         server.close()
         raise
@@ -566,10 +570,11 @@ def run_node(ctx: Context, name: str, host: str = "127.0.0.1", port: int = 0, pe
 
 
 def _start(server: NodeServer, ctx: Context, name: str, host: str, port: int, peers, ready, metrics_port,
-           metrics_ready) -> None:
+           metrics_ready, say=lambda text: None) -> None:
     """Everything between building a node and serving: split host, relayout, socket, peers, metrics."""
     if name in ctx.layout.split_hosts:
         server.enable_split(ctx.model_dir)
+        say("dense part loaded (split-style host)")
     server.enable_relayout(ctx.expert_source(), ctx.expert_room())
     try:
         port = server.bind(host, port)
@@ -577,6 +582,7 @@ def _start(server: NodeServer, ctx: Context, name: str, host: str, port: int, pe
         raise ScenarioError("port", f"cannot listen on {host}:{port} ({exc.strerror})", port) from None
     if peers:
         server.connect_peers(peers)
+        say(f"peers: {', '.join(n for n in peers if n != name)} (connected as they come up)")
     if metrics_port is not None:  # Prometheus metrics of this node, on its own host
         from slimcaching.runtime.metrics import serve_node_metrics  # optional extra (serve)
 

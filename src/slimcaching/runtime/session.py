@@ -462,8 +462,8 @@ def run_rows(report: dict) -> list[tuple[str, str]]:
         rows.append((f"  {k.removesuffix('_s').replace('_', ' ')}", ms(v)))
     for n, st in report["nodes"].items():
         rss = st.get("rss_bytes")
-        rows.append((f"node {n}", f"{st['experts_held']} experts, RSS {rss / 2**20:.0f} MiB" if rss
-                     else f"{st['experts_held']} experts, not running"))
+        held = f"{st['experts_held']} expert{'s' * (st['experts_held'] != 1)}"
+        rows.append((f"node {n}", f"{held}, RSS {rss / 2**20:.0f} MiB" if rss else f"{held}, not running"))
     if "load" in report:
         ld = report["load"]
         rows.append(("queueing per token: measured / simulated",
