@@ -42,7 +42,7 @@ import itertools
 import numpy as np
 
 from slimcaching.algorithms import Param, register
-from slimcaching.capacity import fits
+from slimcaching.capacity import ABSOLUTE, RELATIVE, fits
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -114,7 +114,7 @@ class _Greedy:
         size = p.item_size
         # version[i] counts the changes of r[:, i], the only input of a blind gain of item i: an
         # entry pushed at the current version has an exact ratio and need not be recomputed
-        version = np.zeros(p.n_items, np.int64)
+        version = [0] * p.n_items
         # the initial entries as a stream sorted in heap order, merged with a heap of the entries
         # pushed back: the same pops as one heap of all (no two entries compare equal), without
         # building a tuple per (server, item) when only the best few thousand are ever reached.
@@ -124,30 +124,50 @@ class _Greedy:
         ns, items = np.nonzero(ok)
         stream = _SortedEntries(-gains[ns, items] / size[items], ns, items)
         heap: list = []
+        # the loop runs once per entry popped (hundreds of thousands at top-8): Python floats and
+        # lists instead of numpy scalars, the same IEEE arithmetic and so the same choices;
+        # ``fits`` written out with its slack (capacity.RELATIVE, capacity.ABSOLUTE)
+        size_l, free_l, taken = size.tolist(), free.tolist(), x.tolist()
+        slack, extra = 1.0 + RELATIVE, ABSOLUTE
+        blind, gain, holder_cost, item_model = self.blind, self.gain, p.holder_cost, p.item_model
+        heappop, heappush = heapq.heappop, heapq.heappush
+        # the stream's current chunk read in place: keys[pos] is its head while pos < end
+        keys, s_n, s_i, pos = stream.keys, stream.ns, stream.items, stream.pos
+        end = len(keys)
         while True:
-            head = stream.head()
-            if heap and (head is None or heap[0] < head):
-                neg, n, i, seen = heapq.heappop(heap)
-            elif head is not None:
-                neg, n, i, seen = stream.pop()
+            if pos >= end:  # the chunk is used up: the next one, if any
+                stream.pos = pos
+                if stream.head() is not None:
+                    keys, s_n, s_i, pos = stream.keys, stream.ns, stream.items, stream.pos
+                    end = len(keys)
+            if heap and (pos >= end or heap[0] < (keys[pos], s_n[pos], s_i[pos], 0)):
+                neg, n, i, seen = heappop(heap)
+            elif pos < end:
+                neg, n, i, seen = keys[pos], s_n[pos], s_i[pos], 0
+                pos += 1
             else:
                 break
-            if x[n, i] or not fits(size[i], free[n]):
+            si = size_l[i]
+            if taken[n][i] or not si <= free_l[n] * slack + extra:
                 continue
-            g = -neg * size[i] if self.blind and seen == version[i] else self.gain(r, n, i)
+            g = -neg * si if blind and seen == version[i] else gain(r, n, i)
             if g <= 0:
                 continue
-            ratio = g / size[i]
-            head = stream.head()
-            top = min(heap[0][0], head[0]) if heap and head is not None else (
-                heap[0][0] if heap else (head[0] if head is not None else None))
+            ratio = g / si
+            if pos >= end:  # the head key after this pop, as the stream's head() would give it
+                stream.pos = pos
+                if stream.head() is not None:
+                    keys, s_n, s_i, pos = stream.keys, stream.ns, stream.items, stream.pos
+                    end = len(keys)
+            top = min(heap[0][0], keys[pos]) if heap and pos < end else (
+                heap[0][0] if heap else (keys[pos] if pos < end else None))
             if top is not None and ratio < -top - 1e-15 * max(1.0, ratio):
-                heapq.heappush(heap, (-ratio, n, i, version[i]))
+                heappush(heap, (-ratio, n, i, version[i]))
                 continue
+            taken[n][i] = True
             x[n, i] = True
-            free[n] -= size[i]
-            m = p.item_model[i]
-            r[:, i] = np.minimum(r[:, i], p.holder_cost[:, n, m])
+            free_l[n] -= si
+            r[:, i] = np.minimum(r[:, i], holder_cost[:, n, item_model[i]])
             version[i] += 1
         return x
 
@@ -162,6 +182,8 @@ class _SortedEntries:
     def __init__(self, keys: np.ndarray, ns: np.ndarray, items: np.ndarray):
         self.rest = (keys, ns, items)
         self.keys: list = []
+        self.ns: list = []
+        self.items: list = []
         self.pos = 0
 
     def _refill(self) -> None:
@@ -191,6 +213,7 @@ class _SortedEntries:
         return out
 
 
+
 def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Placement:
     g = _Greedy(problem, blind)
     empty = problem.empty_placement()
@@ -216,8 +239,8 @@ def _greedy(problem: Problem, blind: bool, seed_size: int, max_seeds: int) -> Pl
     seeds_total = 0
     if seed_size >= 1:
         flat = np.argsort(-single, axis=None, kind="stable")
-        cand = [tuple(int(v) for v in np.unravel_index(f, single.shape)) for f in flat
-                if np.isfinite(single.flat[f]) and single.flat[f] > 0][:max_seeds]
+        good = (np.isfinite(single) & (single > 0)).ravel()[flat]
+        cand = [tuple(int(v) for v in np.unravel_index(f, single.shape)) for f in flat[good][:max_seeds]]
         for size in range(1, seed_size + 1):
             for combo in itertools.combinations(cand, size):
                 xs = empty.copy()

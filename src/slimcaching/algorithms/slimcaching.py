@@ -35,7 +35,9 @@ its work budget.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -318,6 +320,36 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
 BASELINE_STARTS = {"greedy": greedy_blind, "lfu": lfu}
 
 
+class _Background:
+    """Functions of the problem run one after another on a daemon thread (a daemon: Ctrl-C ends
+    the process without waiting for it); :meth:`result` waits for one and re-raises its error."""
+
+    def __init__(self, jobs: list[tuple[str, Callable]], problem: Problem):
+        self._done: dict[str, tuple[bool, object]] = {}
+        self._cond = threading.Condition()
+        if jobs:
+            threading.Thread(target=self._run, args=(jobs, problem), daemon=True, name="slimcaching-starts").start()
+
+    def _run(self, jobs, problem) -> None:
+        for name, fn in jobs:
+            try:
+                got = (True, fn(problem))
+            except BaseException as exc:  # handed to the caller, who raises it in its own thread
+                got = (False, exc)
+            with self._cond:
+                self._done[name] = got
+                self._cond.notify_all()
+
+    def result(self, name: str):
+        with self._cond:
+            while name not in self._done:
+                self._cond.wait(0.1)  # a timed wait: Ctrl-C is answered while it waits
+            ok, value = self._done[name]
+        if not ok:
+            raise value
+        return value
+
+
 def successive_decomposition(problem: Problem, fast: bool, order, passes: int, exact_budget: float, beam_width: int,
                              max_units: int, polish: float = 0.0, work_budget: float = float("inf"),
                              starts: str = "", initial: np.ndarray | None = None,
@@ -362,9 +394,12 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
 
     dec = decomposition(initial)
     why: dict = {}
+    # the baseline starts are computed beside the first sweeps (Python under the GIL, while the
+    # sweeps' table kernels run without it): the same placements, found while the cores would idle
+    early = _Background([(name, BASELINE_STARTS[name]) for name in names], problem)
     sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget, deadline, why)
     start_used = None
-    alternatives = [(name, lambda name=name: BASELINE_STARTS[name](problem).x) for name in names]
+    alternatives = [(name, lambda name=name: early.result(name).x) for name in names]
     alternatives += [(name, lambda x0=x0: x0) for name, x0 in (extra_starts or {}).items()]
     skipped = []
     for name, make in alternatives:

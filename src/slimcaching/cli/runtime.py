@@ -31,6 +31,7 @@ from slimcaching.cli.runtime_options import (  # shared with serve
     RayPlacementOpt,
     RetryOpt,
     ScenarioOverrideOpt,
+    StartTimeoutOpt,
     ray_placement_of,
 )
 from slimcaching.errors import ScenarioError
@@ -82,6 +83,7 @@ def cluster_run(
     adapt: AdaptOpt = None,
     adapt_window: AdaptWindowOpt = 64,
     adapt_horizon: AdaptHorizonOpt = 10000.0,
+    start_timeout: StartTimeoutOpt = DEFAULTS.start_timeout_s,
 ) -> None:
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
@@ -106,6 +108,7 @@ def cluster_run(
                       parse_events(kill, "--kill", nodes), parse_events(restart, "--restart", nodes),
                       deadline_factor, deadline_floor, retry_after, launcher=launcher, ray_address=address,
                       rate=rate, seed=seed, max_batch_rows=max_batch, batch_wait_s=batch_wait, ray_placement=where,
+                      start_timeout_s=start_timeout,
                       adapt=None if adapt is None else ControllerConfig(adapt_window, adapt, adapt_horizon))
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address", adapt="--adapt",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):

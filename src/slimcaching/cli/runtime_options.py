@@ -25,6 +25,9 @@ ModelOverrideOpt = Annotated[str | None, typer.Option("--model", help="Model dir
 DeadlineOpt = Annotated[float, typer.Option("--deadline-factor", min=1.0,
                                             help="A request's deadline: factor x predicted + floor.")]
 FloorOpt = Annotated[float, typer.Option("--deadline-floor", min=0.001, help="Seconds added to every deadline.")]
+StartTimeoutOpt = Annotated[float, typer.Option("--start-timeout", min=1.0, max=86400.0,
+                                                help="Seconds to wait for every node to be ready (loading "
+                                                "torch and the experts; longer on a busy machine).")]
 RetryOpt = Annotated[float, typer.Option("--retry-after", min=0.0, help="Seconds before a dead node is tried "
                                          "again.")]
 MaxBatchOpt = Annotated[int, typer.Option("--max-batch", min=1, max=8192, help="Rows one expert runs at once when "

@@ -23,7 +23,9 @@ class RuntimeConfig:
     deadline_factor: float = 3.0  # a request's deadline: factor x its predicted time ...
     deadline_floor_s: float = 0.25  # ... + this floor (s)
     retry_after_s: float = 2.0  # a failed node is tried again after this many seconds
-    start_timeout_s: float = 120.0  # the launcher waits this long for every node to be ready
+    # the launcher waits this long for every node to be ready: a Ray actor on a 2-core machine whose
+    # cores are both busy with other work took over 120 s (CI, 5 December 2026)
+    start_timeout_s: float = 300.0
     max_deliver_ahead_s: float = 600.0  # a request due later than this (emulated arrival) is refused
     max_batch_rows: int = 64  # rows one expert runs at once in a batch across requests (1: no batching)
     batch_wait_s: float = 0.0  # how long a batch's first request waits for others (0: only those waiting anyway)
