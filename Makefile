@@ -23,7 +23,8 @@ $(VENV)/.full: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core
 	$(BIN)/slimcaching demo
 
-# about 15 minutes on a 2-core machine (installs included on a fresh clone): the suite runs on every core
+# about 15 minutes on an idle 2-core machine (installs included on a fresh clone; 19 with both cores
+# busy with other work): the suite runs on every core
 test: $(VENV)/.full
 	@echo "make test: ruff, then the test suite in parallel (about 10-12 minutes on 2 cores; installs add ~3 on a fresh clone)"
 	$(BIN)/ruff check src tests benchmarks
