@@ -15,62 +15,62 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
-def _unlink(r, nxt_of, head, after, before):
-    x = nxt_of[r]
-    if x < 0:
-        return
-    a, b = after[r], before[r]
-    if b >= 0:
-        after[b] = a
-    else:
-        head[x] = a
-    if a >= 0:
-        before[a] = b
-    nxt_of[r] = -1
+def _relink(rows, lo, hi, value, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single, left,
+            rest):
+    """Advance rows ``rows[lo:hi]``, in order, past their chosen positions; file each under the
+    expert it waits on next with the gain that expert would bring (its run of chosen positions
+    after it included) and the value it has left (``rest`` per expert: a bound on any move
+    through that expert). Returns ``value`` plus what the advances added, summed row by row.
 
-
-@numba.njit(cache=True, nogil=True)
-def _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single, left, rest):
-    """Advance row r past its chosen positions; file it under the expert it waits on next
-    with the gain that expert would bring (its run of chosen positions after it included) and
-    the value it has left (``rest`` per expert: a bound on any move through that expert).
-    Returns the value the advance added."""
+    One call per batch of rows, not per row: a call passes its arrays by reference count, an
+    atomic increment and decrement each, which cost more than a row's work (qwen3-235b-a22b
+    5 x 50: 4.7 -> 1.5 ms per table)."""
     k = spos.shape[1]
-    old = nxt_of[r]
-    if old >= 0:
-        single[old] -= gain[r]
-        rest[old] -= left[r]
-        _unlink(r, nxt_of, head, after, before)
-    gain[r] = 0.0
-    added = 0.0
-    j = lvl[r]
-    while j < k and spos[r, j] < e and chosen[spos[r, j]]:
-        added += coefs[r, j]
-        j += 1
-    lvl[r] = j
-    left[r] = 0.0
-    if j >= k or spos[r, j] >= e:
-        return added  # complete (or only non-candidates left): the row gains nothing more
-    x = spos[r, j]
-    g = coefs[r, j]
-    t = j + 1
-    while t < k and spos[r, t] < e and chosen[spos[r, t]]:
-        g += coefs[r, t]
-        t += 1
-    gain[r] = g
-    single[x] += g
-    lr = 0.0
-    for t in range(j, k):
-        lr += coefs[r, t]
-    left[r] = lr
-    rest[x] += lr
-    nxt_of[r] = x
-    before[r] = -1
-    after[r] = head[x]
-    if head[x] >= 0:
-        before[head[x]] = r
-    head[x] = r
-    return added
+    for i in range(lo, hi):
+        r = rows[i]
+        old = nxt_of[r]
+        if old >= 0:
+            single[old] -= gain[r]
+            rest[old] -= left[r]
+            a, b = after[r], before[r]  # unlink r from old's list
+            if b >= 0:
+                after[b] = a
+            else:
+                head[old] = a
+            if a >= 0:
+                before[a] = b
+            nxt_of[r] = -1
+        gain[r] = 0.0
+        added = 0.0
+        j = lvl[r]
+        while j < k and spos[r, j] < e and chosen[spos[r, j]]:
+            added += coefs[r, j]
+            j += 1
+        lvl[r] = j
+        left[r] = 0.0
+        value += added
+        if j >= k or spos[r, j] >= e:
+            continue  # complete (or only non-candidates left): the row gains nothing more
+        x = spos[r, j]
+        g = coefs[r, j]
+        t = j + 1
+        while t < k and spos[r, t] < e and chosen[spos[r, t]]:
+            g += coefs[r, t]
+            t += 1
+        gain[r] = g
+        single[x] += g
+        lr = 0.0
+        for t in range(j, k):
+            lr += coefs[r, t]
+        left[r] = lr
+        rest[x] += lr
+        nxt_of[r] = x
+        before[r] = -1
+        after[r] = head[x]
+        if head[x] >= 0:
+            before[head[x]] = r
+        head[x] = r
+    return value
 
 
 @numba.njit(cache=True, nogil=True)
@@ -104,8 +104,8 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
             if x < e:
                 csr[fill[x]] = r
                 fill[x] += 1
-    for r in range(r_n):
-        _relink(r, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single, left, rest)
+    _relink(np.arange(r_n), 0, r_n, 0.0, spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single,
+            left, rest)
     trial = np.zeros(e + 1, np.bool_)
     missing = np.empty(k, np.int64)
     best_missing = np.empty(k, np.int64)
@@ -172,9 +172,8 @@ def row_greedy(spos, coefs, e, kmax, heavy, completions):
             chosen[best_missing[t]] = True
         for t in range(move_size):
             x = best_missing[t]
-            for c in range(count[x], count[x + 1]):
-                value += _relink(csr[c], spos, coefs, lvl, chosen, e, nxt_of, head, after, before, gain, single,
-                                 left, rest)
+            value = _relink(csr, count[x], count[x + 1], value, spos, coefs, lvl, chosen, e, nxt_of, head, after,
+                            before, gain, single, left, rest)
         size += move_size
         best[size] = value
         masks[size, :] = chosen[:e]
