@@ -320,6 +320,16 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
 BASELINE_STARTS = {"greedy": greedy_blind, "lfu": lfu}
 
 
+def _with_latency(algorithm: Callable) -> Callable:
+    """``algorithm``'s placement matrix and its latency (``problem.objective``)."""
+
+    def run(problem: Problem) -> tuple[np.ndarray, float]:
+        x = algorithm(problem).x
+        return x, problem.objective(x)
+
+    return run
+
+
 class _Background:
     """Functions of the problem run one after another on a daemon thread (a daemon: Ctrl-C ends
     the process without waiting for it); :meth:`result` waits for one and re-raises its error."""
@@ -379,12 +389,14 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
 
     seen: dict[bytes, float] = {}  # the last few placements' objectives: starts compare the same ones again
 
-    def objective(x: np.ndarray) -> float:
+    def objective(x: np.ndarray, latency: float | None = None) -> float:
+        """``latency``: ``problem.objective(x)`` when the caller has it already."""
         key = x.tobytes()
         if key not in seen:
             if len(seen) >= 8:
                 seen.pop(next(iter(seen)))
-            seen[key] = problem.objective(x) + (float(move_cost[x].sum()) if move_cost is not None else 0.0)
+            base = problem.objective(x) if latency is None else latency
+            seen[key] = base + (float(move_cost[x].sum()) if move_cost is not None else 0.0)
         return seen[key]
 
     def decomposition(x0: np.ndarray | None) -> Decomposition:
@@ -396,18 +408,19 @@ def successive_decomposition(problem: Problem, fast: bool, order, passes: int, e
     why: dict = {}
     # the baseline starts are computed beside the first sweeps (Python under the GIL, while the
     # sweeps' table kernels run without it): the same placements, found while the cores would idle
-    early = _Background([(name, BASELINE_STARTS[name]) for name in names], problem)
+    # (their latencies too: ~0.1 s each on a million rows, off the main thread)
+    early = _Background([(name, _with_latency(BASELINE_STARTS[name])) for name in names], problem)
     sweeps = _sweeps(dec, seq, fast, exact_budget, beam_width, max_units, passes, work_budget, deadline, why)
     start_used = None
-    alternatives = [(name, lambda name=name: early.result(name).x) for name in names]
-    alternatives += [(name, lambda x0=x0: x0) for name, x0 in (extra_starts or {}).items()]
+    alternatives = [(name, lambda name=name: early.result(name)) for name in names]
+    alternatives += [(name, lambda x0=x0: (x0, None)) for name, x0 in (extra_starts or {}).items()]
     skipped = []
     for name, make in alternatives:
         if time.perf_counter() > deadline:
             skipped.append(name)
             continue
-        x0 = make()
-        if objective(x0) < objective(dec.x) - 1e-15:
+        x0, latency = make()
+        if objective(x0, latency) < objective(dec.x) - 1e-15:
             alt = decomposition(x0)
             alt.stats["work"] += dec.stats["work"]
             alt_why: dict = {}
