@@ -150,3 +150,25 @@ def test_rows_merged_while_building_give_the_same_objective(seed):
         assert b == pytest.approx(a, rel=1e-12)
         assert merged.compact().objective(x) == pytest.approx(a, rel=1e-12)
     assert np.isclose(merged.row_weight.sum(), full.row_weight.sum(), rtol=1e-12)
+
+
+link_lists = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 5),
+              st.sampled_from([1e8, 2.5e8, 1e9, 1e10]), st.sampled_from([0.0, 1e-3, 2e-3, 3e-3, 0.0125])),
+    max_size=14)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), link_lists, st.sampled_from([8e3, 8e6, 3.2e7]))
+def test_relay_path_lengths_match_networkx_to_the_bit(n, links, bits):
+    """The problem's own Dijkstra (kept off networkx for start-up time) against networkx's, on
+    the same relay graph: the same reachable pairs, the same floats."""
+    import networkx as nx
+
+    from slimcaching.latency import relay_graph, relay_path_lengths
+
+    names = [f"s{i}" for i in range(n)]
+    links = [(names[a], names[b], r, t) for a, b, r, t in links if a < n and b < n and a != b]
+    ours = relay_path_lengths(names, links, bits)
+    theirs = {src: dict(d) for src, d in nx.all_pairs_dijkstra_path_length(relay_graph(names, links, bits), weight="w")}
+    assert ours == theirs

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from slimcaching.capacity import fits
-from slimcaching.latency import relay_graph
+from slimcaching.latency import relay_path_lengths
 from slimcaching.problem import Problem
 
 CLOUD = -1
@@ -100,8 +99,7 @@ def move_costs(problem: Problem, x_old: np.ndarray, chunk_bytes: float | None = 
             cols = np.nonzero(problem.item_model == m)[0]
             if not len(cols):
                 continue
-            g = relay_graph(names, links, 8.0 * float(size[cols[0]]))
-            dist = dict(nx.all_pairs_dijkstra_path_length(g, weight="w"))
+            dist = relay_path_lengths(names, links, 8.0 * float(size[cols[0]]))
             t = np.array([[dist.get(names[n], {}).get(names[v], np.inf) for v in range(ns)] for n in range(ns)])
             held = x_old[:, cols]  # [N, I_m]
             via = np.where(held[None, :, :], t[:, :, None], np.inf)  # [N (to), N (from), I_m]

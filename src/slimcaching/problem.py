@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slimcaching.capacity import fits
-from slimcaching.latency import cloud_round_trip, exec_time, relay_graph, relay_round_trip, user_round_trip
+from slimcaching.latency import cloud_round_trip, exec_time, relay_path_lengths, relay_round_trip, user_round_trip
 from slimcaching.scenario import Scenario, resolve_local_caches
 
 INF = np.inf
@@ -47,10 +47,7 @@ def relay_costs(sc: Scenario) -> tuple[np.ndarray, np.ndarray]:
     idx = sc.server_index
     for mi, model in enumerate(sc.models):
         bits = 8.0 * model.hidden_bytes
-        g = relay_graph(names, links, bits)
-        import networkx as nx  # start-up: networkx ~0.12 s, only where a problem is built
-
-        for src, dists in nx.all_pairs_dijkstra_path_length(g, weight="w"):
+        for src, dists in relay_path_lengths(names, links, bits).items():
             si = idx[src]
             for dst, d in dists.items():
                 di = idx[dst]
