@@ -28,6 +28,10 @@ Sections (all by default):
   pacing can only pad real compute up to the model: so every node is modelled no faster than this
   machine runs its slowest work (the dense part: attention and routers are Python-bound), with a
   10% margin for jitter.
+* ``unlike``: the same comparison on a scenario unlike the grid's (a Qwen3-style model with 4 MoE
+  layers of 8 experts; four servers of four speeds and storages; links of four RTTs and two rates;
+  users whose devices run at three speeds behind access links of 2-25 ms), every architecture,
+  twice in a row after one calibration.
 
 Numbers depend on the machine; the closing note of the runtime issue has this machine's.
 """
@@ -401,6 +405,73 @@ def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), a
             "rows": rows, "cells_within_5%": f"{within}/{len(rows)}"}
 
 
+UNLIKE_ARCHITECTURES = {"slimcaching": (900e3, 500e3, 700e3, 400e3), "u-shaped": (4.5e6, 4.5e6, 4.5e6, 4.5e6),
+                        "slimcaching-hybrid": (1.9e6, 900e3, 1.6e6, 600e3)}
+
+
+def unlike_scenario(model_dir: Path, path: Path, cal: dict, capacities) -> Path:
+    """A scenario unlike the grid's and the tests': a Qwen3-style model with 4 MoE layers of 8
+    experts, four servers of four speeds (90%, 45%, 20% and 8% of this machine's dense speed) with
+    their own storage, a chain of links of four RTTs and two rates plus a long chord, each server
+    its own backhaul, and four users whose devices run at three speeds behind access links of 2-25
+    ms. Calibrated ``message_overhead_s`` and ``split_device_s``; no node modelled faster than this
+    machine runs its dense part (pacing can only pad)."""
+    dense = cal["dense_flops_per_s"]
+    o = cal["message_overhead_s"]
+    speeds = (0.9, 0.45, 0.2, 0.08)
+    backhaul = (("200 Mbit/s", "35 ms"), ("100 Mbit/s", "50 ms"), ("300 Mbit/s", "25 ms"), ("80 Mbit/s", "60 ms"))
+    servers = [{"name": f"s{i}", "capacity_bytes": float(capacities[i]), "flops": speeds[i] * dense,
+                "cloud_rate_bps": backhaul[i][0], "cloud_rtt_s": backhaul[i][1], "message_overhead_s": o["server"]}
+               for i in range(4)]
+    links = [{"a": "s0", "b": "s1", "rate_bps": "1 Gbit/s", "rtt_s": "1 ms"},
+             {"a": "s1", "b": "s2", "rate_bps": "200 Mbit/s", "rtt_s": "8 ms"},
+             {"a": "s2", "b": "s3", "rate_bps": "1 Gbit/s", "rtt_s": "3 ms"},
+             {"a": "s0", "b": "s3", "rate_bps": "200 Mbit/s", "rtt_s": "15 ms"}]
+    access = (("s0", "100 Mbit/s", "2 ms", 0.9), ("s1", "30 Mbit/s", "12 ms", 0.5),
+              ("s2", "50 Mbit/s", "6 ms", 0.3), ("s3", "20 Mbit/s", "25 ms", 0.5))
+    users = [{"name": f"u{i}", "home": home, "uplink_bps": up, "downlink_bps": "100 Mbit/s", "rtt_s": rtt,
+              "flops": f * dense, "cache_bytes": "0 B", "message_overhead_s": o["device"],
+              "split_device_s": cal["split_device_s"], "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
+             for i, (home, up, rtt, f) in enumerate(access)]
+    data = {"name": "bench-unlike", "models": [{"name": "tiny", "hf": str(model_dir)}],
+            "cloud": {"flops": 0.9 * dense, "message_overhead_s": o["cloud"]},
+            "servers": servers, "server_links": links,
+            "profiles": {"chat": {"synthetic": {"model": "tiny", "task": "sqa", "tokens": 2000}}}, "users": users}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def bench_unlike(tmp: Path, runs: int = 2, tokens: int = 12) -> dict:
+    """The calibrated model against paced runs on :func:`unlike_scenario`, every architecture,
+    ``runs`` times in a row (calibrated once, as a user would): per run and architecture the
+    median and mean per-token ratio of measured to predicted."""
+    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
+
+    model = _model(tmp, family="qwen3_moe", layers=4, experts=8)
+    cal = calibrate(str(model))
+    cal.update(message_overhead(str(model), gap_s=dense_gap_s(cal)))
+    rows = []
+    for run in range(runs):
+        for arch, caps in UNLIKE_ARCHITECTURES.items():
+            sc = unlike_scenario(model, tmp / "unlike.yaml", cal, caps)
+            pl = tmp / "unlike.json"
+            _cli("solve", str(sc), "-a", arch, "-o", str(pl))
+            r = _run(sc, pl, model, tmp, "--pace", "--no-reference", tokens=tokens)
+            row = {"run": run + 1, "architecture": arch,
+                   "measured_ms": 1e3 * r["measured_mean_token_latency_s"],
+                   "predicted_ms": 1e3 * r["predicted_mean_token_latency_s"], "ratio_median": r["ratio_median"],
+                   "ratio_mean": r["measured_mean_token_latency_s"] / r["predicted_mean_token_latency_s"],
+                   "served": sorted({d.get("architecture", "?") for d in r.get("devices", {}).values()})}
+            rows.append(row)
+            print(f"  run {run + 1}  {arch:18s}  measured {row['measured_ms']:7.2f}  predicted "
+                  f"{row['predicted_ms']:7.2f}  median ratio {row['ratio_median']:.3f}  mean ratio "
+                  f"{row['ratio_mean']:.3f}  served {row['served']}", flush=True)
+    within = sum(abs(r["ratio_median"] - 1) <= 0.05 for r in rows)
+    return {"calibration": {k: cal[k] for k in ("dense_flops_per_s", "expert_flops_per_s", "message_overhead_s",
+                                                "split_device_s")},
+            "rows": rows, "median_within_5%": f"{within}/{len(rows)}"}
+
+
 def bench_hops(tmp: Path, rounds: int = 400) -> dict:
     """Where a relayed layer's software time goes, in one process and without sockets: a home
     server takes a device's request and relays it (``home_request``), the holder runs it
@@ -495,7 +566,7 @@ def bench_hops(tmp: Path, rounds: int = 400) -> dict:
     return out
 
 
-SECTIONS = ("transport", "emulation", "overhead", "pair", "hops", "predicted", "memory", "grid")
+SECTIONS = ("transport", "emulation", "overhead", "pair", "hops", "predicted", "memory", "grid", "unlike")
 
 
 def main() -> None:
@@ -509,7 +580,7 @@ def main() -> None:
         for sec in a.sections:
             t0 = time.time()
             fn = globals()[f"bench_{sec}"]
-            results[sec] = fn(tmp) if sec in ("overhead", "pair", "hops", "predicted", "memory", "grid") else fn()
+            results[sec] = fn(tmp) if sec not in ("transport", "emulation") else fn()
             results[sec]["seconds"] = time.time() - t0
             print(f"== {sec} ({results[sec]['seconds']:.0f} s)")
             print(json.dumps(results[sec], indent=1, default=str))

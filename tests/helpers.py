@@ -280,3 +280,18 @@ def reference_served_latency(sc, placement: dict[str, set], dense: dict[str, set
             num += u.rate * wsum * t
             den += u.rate * wsum
     return num / den
+
+
+_AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                       "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+def as_from_a_terminal(argv: list[str]) -> list[str]:
+    """``argv`` started as a shell starts a foreground command: SIGINT at its default and
+    unblocked, then ``exec`` (same pid). A test runner started in the background or under
+    ``nohup`` ignores SIGINT, and its children inherit that: a Ctrl-C test would then test the
+    runner's environment, not the command."""
+    import sys
+
+    return [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv]

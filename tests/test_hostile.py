@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import as_from_a_terminal
 from hostile_cases import cases, run_in_process, run_in_subprocess
 
 CASES = cases()
@@ -72,8 +73,8 @@ def _start_sweep(tmp_path):
     # stderr to a file, not a pipe read only at the end: a full pipe would block the CLI's writes
     # and look like a process that ignores Ctrl-C
     err = open(tmp_path / "cli-stderr.txt", "w")
-    p = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "experiment", "runtime", "--out", str(tmp_path),
-                          "--seeds", "3", "--backend", "process", "--workers", "2"],
+    p = subprocess.Popen(as_from_a_terminal([sys.executable, "-m", "slimcaching.cli", "experiment", "runtime", "--out",
+                                             str(tmp_path), "--seeds", "3", "--backend", "process", "--workers", "2"]),
                          stdout=subprocess.DEVNULL, stderr=err, text=True)
     err.close()
     deadline = time.time() + 60
@@ -238,7 +239,8 @@ def test_ctrl_c_stops_a_long_solve(tmp_path, args, after):
     out = tmp_path / "p.json"
     err = tmp_path / "stderr.txt"
     with open(err, "w") as fh:
-        p = subprocess.Popen([sys.executable, "-m", "slimcaching", "solve", "default", *args, "-o", str(out)],
+        p = subprocess.Popen(as_from_a_terminal([sys.executable, "-m", "slimcaching", "solve", "default", *args, "-o",
+                                                 str(out)]),
                              stdout=subprocess.DEVNULL, stderr=fh)
     time.sleep(after)
     assert p.poll() is None, err.read_text()[-2000:]

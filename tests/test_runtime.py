@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 
+from helpers import as_from_a_terminal  # noqa: E402
 from runtime_helpers import (  # noqa: E402
     all_edge_placement,
     cli_in_subprocess,
@@ -783,9 +784,10 @@ def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS * 40) + "\n")  # minutes of paced tokens
     with open(err, "w") as fh:
-        p = subprocess.Popen([sys.executable, "-m", "slimcaching", "cluster", "run", str(sc), str(pl), "--model",
-                              str(d), "--prompts", str(prompts), "--max-new-tokens", "100", "--pace",
-                              "--no-reference", "--json", str(out)], stdout=subprocess.DEVNULL, stderr=fh)
+        p = subprocess.Popen(as_from_a_terminal([sys.executable, "-m", "slimcaching", "cluster", "run", str(sc),
+                                                 str(pl), "--model", str(d), "--prompts", str(prompts),
+                                                 "--max-new-tokens", "100", "--pace", "--no-reference", "--json",
+                                                 str(out)]), stdout=subprocess.DEVNULL, stderr=fh)
 
     def nodes() -> list[int]:
         found = []

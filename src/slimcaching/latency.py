@@ -17,6 +17,7 @@ Examples
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -107,8 +108,6 @@ def relay_path_lengths(nodes: Iterable, links: Iterable[tuple], bits: float) -> 
     >>> round(d["a"]["c"], 12), "c" in d["a"], d["b"]["b"]
     (0.019, True, 0.0)
     """
-    import heapq
-
     adj: dict = {v: {} for v in nodes}
     for a, b, rate_bps, rtt_s in links:
         w = hop_time(bits, rate_bps, rtt_s)
