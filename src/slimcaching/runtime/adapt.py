@@ -96,11 +96,7 @@ class RuntimeController:
         event["ok"] = ok
         if ok:
             self.x = new_x
-            lay = self.client.layout
-            held = dict(lay.held)
-            for server in self.problem.server_names:
-                held[server] = {(la, e) for la, e in edge[server]}
-            self.client.layout = dataclasses.replace(lay, held=held)  # the device's predictions follow
+            self.client.layout = self.client.layout.with_edge(edge)  # the device's predictions follow
         self.say(f"adapt: version {self.version}: {event['copies_added']} experts gained, "
                  f"{event['bytes_moved'] / 1e6:.1f} MB, every node switched in {event['seconds']:.2f} s"
                  + ("" if ok else " (a node did not switch)"))

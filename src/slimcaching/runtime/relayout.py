@@ -9,12 +9,10 @@ node's public surface: ``name``, ``layout``, ``experts``, ``split``, ``reject(..
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
 from slimcaching.runtime.protocol import Relayout
-from slimcaching.runtime.routing import CLOUD
 
 
 class LiveRelayout:
@@ -54,12 +52,8 @@ class LiveRelayout:
         if why is not None:
             node.reject(ident, msg.id, why, fatal=False)
             return
-        held = {n: set(layout.held[n]) for n in layout.nodes}
-        for n in layout.nodes:
-            if n != CLOUD:
-                held[n] = {(int(la), int(e)) for la, e in msg.edge.get(n, [])}
-        new_layout = dataclasses.replace(layout, held=held)
-        mine, old = held[node.name], node.experts
+        new_layout = layout.with_edge(msg.edge)
+        mine, old = new_layout.held[node.name], node.experts
 
         def load() -> None:
             t0 = time.time()

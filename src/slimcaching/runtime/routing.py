@@ -9,7 +9,7 @@ Candidates are kept sorted, so a failed holder falls back to the next one, the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
@@ -61,6 +61,15 @@ class Layout:
     # caches of what depends on the placement: not carried over by dataclasses.replace (a relayout)
     _cand: dict = field(default_factory=dict, init=False, repr=False)
     _predicted: dict = field(default_factory=dict, init=False, repr=False)
+
+    def with_edge(self, edge: dict) -> Layout:
+        """This layout with the edge servers' experts replaced by ``edge`` (server -> [[layer,
+        expert], ...], a relayout's form; a server absent holds none), the cloud keeping every
+        expert; the placement-dependent caches start empty. The one way a layout changes holders
+        (a node taking a relayout, the device following an adaptive migration)."""
+        held = {n: set(self.held[n]) if n == CLOUD else {(int(la), int(e)) for la, e in edge.get(n, [])}
+                for n in self.nodes}
+        return replace(self, held=held)
 
     def max_message_bytes(self, max_rows: int) -> int:
         """The largest frame a peer may send (ZeroMQ's ``MAXMSGSIZE``): ``max_rows`` hidden states
