@@ -436,7 +436,8 @@ def unlike_scenario(model_dir: Path, path: Path, cal: dict, capacities) -> Path:
               ("s2", "50 Mbit/s", "6 ms", 0.3), ("s3", "20 Mbit/s", "25 ms", 0.5))
     users = [{"name": f"u{i}", "home": home, "uplink_bps": up, "downlink_bps": "100 Mbit/s", "rtt_s": rtt,
               "flops": f * dense, "cache_bytes": "0 B", "message_overhead_s": o["device"],
-              "split_device_s": cal["split_device_s"] / f, "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
+              "split_device_s": cal["split_device_s"] / f,
+              "workload": [{"model": "tiny", "weight": 1, "profile": "chat"}]}
              for i, (home, up, rtt, f) in enumerate(access)]
     data = {"name": "bench-unlike", "models": [{"name": "tiny", "hf": str(model_dir)}],
             "cloud": {"flops": 0.6 * dense, "message_overhead_s": o["cloud"]},

@@ -35,7 +35,7 @@ from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import output_array
-from slimcaching.runtime.transport import dealer_socket, send_now
+from slimcaching.runtime.transport import Dealers, send_now
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
 
@@ -89,7 +89,7 @@ class DeviceClient:
         self.pace = config.pace
         emulate = config.emulate
         self.ctx = zmq.Context.instance()
-        self.socks: dict[str, zmq.Socket] = {}
+        self.dealers = Dealers(self.ctx, addresses, self.max_message_bytes, keyring)
         self.ids = itertools.count(1)
         self.health = PeerHealth(config.retry_after_s)
         up, down, rtt = layout.access[user]
@@ -114,15 +114,13 @@ class DeviceClient:
             self._sock(node)
 
     def _sock(self, node: str) -> zmq.Socket:
-        if node not in self.socks:
-            self.socks[node] = dealer_socket(self.ctx, self.addresses[node], node, self.max_message_bytes,
-                                             self.keyring)
-        return self.socks[node]
+        sock = self.dealers.get(node)
+        if sock is None:
+            raise KeyError(node)
+        return sock
 
     def close(self) -> None:
-        for s in self.socks.values():
-            s.close(0)
-        self.socks.clear()
+        self.dealers.close()
 
     def deadline_for(self, predicted: float) -> float:
         # the home may itself wait one relay deadline before falling back: leave room for it

@@ -46,7 +46,7 @@ from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep
 from slimcaching.runtime.protocol import ErrorReply, Result, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.tensors import to_numpy, to_torch
-from slimcaching.runtime.transport import dealer_socket, send_now
+from slimcaching.runtime.transport import Dealers, send_now
 from slimcaching.runtime.weights import run_expert
 
 
@@ -82,36 +82,17 @@ class HostExperts:
         self.keyring = keyring
         self.config = config
         self.lock = lock
-        self.socks: dict[str, zmq.Socket] = {}
-        self.addresses: dict[str, str] = {}
+        self.dealers = Dealers(transport.ctx, transport.addresses, transport.max_message_bytes, keyring)
         self.dispatch = Dispatcher(node, layout, config)
         self.reports: list[LayerReport] | None = None
         self.expert_seconds = 0.0
         self.fallbacks: list[dict] = []
 
     def _sock(self, peer: str) -> zmq.Socket | None:
-        addr = self.transport.addresses.get(peer)
-        if addr is None:
-            return None
-        if self.addresses.get(peer) != addr:
-            old = self.socks.pop(peer, None)
-            if old is not None:
-                old.close(0)
-            s = self.transport.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.IMMEDIATE, 1)
-            s.setsockopt(zmq.RECONNECT_IVL, 20)
-            s.maxmsgsize = self.transport.max_message_bytes
-            if self.keyring is not None:
-                self.keyring.client(s, peer)
-            s.connect(addr)
-            self.socks[peer], self.addresses[peer] = s, addr
-        return self.socks[peer]
+        return self.dealers.get(peer)
 
     def close(self) -> None:
-        for s in self.socks.values():
-            s.close(0)
-        self.socks.clear()
+        self.dealers.close()
 
     def run_layer(self, layer: int, x, where: dict[int, list[int]]):
         """Outputs {expert: tensor (rows, h)} of the experts in ``where`` (expert -> rows) at this
@@ -177,7 +158,7 @@ class HostExperts:
                     pending.update(self._send(layer, x, {e: remote[e] for e in es}, frozenset({holder})))
             if not pending:
                 break
-            socks = {self.socks[h]: h for h, *_ in pending.values() if h in self.socks}
+            socks = {self.dealers.socks[h]: h for h, *_ in pending.values() if h in self.dealers.socks}
             poller = zmq.Poller()
             for s in socks:
                 poller.register(s, zmq.POLLIN)
@@ -432,7 +413,6 @@ class SplitClient:
         self.config = config
         emulate = config.emulate
         self.ctx = zmq.Context.instance()
-        self.socks: dict[str, zmq.Socket] = {}
         self.ids = itertools.count(1)
         self.health = PeerHealth(config.retry_after_s)
         self.fallbacks: list[dict] = FallbackLog()
@@ -445,6 +425,7 @@ class SplitClient:
             rate, delay = layout.hop[(v, CLOUD)]
             self.backhauls[v] = Link(rate, delay) if emulate else Link(*inf)
         self.max_message_bytes = layout.max_message_bytes(limit("request_rows"))
+        self.dealers = Dealers(self.ctx, addresses, self.max_message_bytes, keyring)
         for node in (self.home, CLOUD):
             self._sock(node)
 
@@ -459,15 +440,13 @@ class SplitClient:
         return min(live, key=lambda v: lay.access_s(self.user, v) + lay.relay_s.get((v, host), math.inf))
 
     def _sock(self, node: str) -> zmq.Socket:
-        if node not in self.socks:
-            self.socks[node] = dealer_socket(self.ctx, self.addresses[node], node, self.max_message_bytes,
-                                             self.keyring)
-        return self.socks[node]
+        sock = self.dealers.get(node)
+        if sock is None:
+            raise KeyError(node)
+        return sock
 
     def close(self) -> None:
-        for s in self.socks.values():
-            s.close(0)
-        self.socks.clear()
+        self.dealers.close()
 
     def host(self) -> str:
         alive = self.health.first_alive(self.hosts)

@@ -230,6 +230,38 @@ def dealer_socket(ctx: zmq.Context, address: str, peer: str, max_message_bytes: 
     return s
 
 
+class Dealers:
+    """One DEALER per peer (:func:`dealer_socket`), made on first use and remade when the peer's
+    address in ``addresses`` (a live mapping: a node's table follows restarts) changes. The one
+    socket cache of every requester: the device, the split client and the split host's experts."""
+
+    def __init__(self, ctx: zmq.Context, addresses: dict[str, str], max_message_bytes: int,
+                 keyring: Keyring | None):
+        self.ctx, self.addresses = ctx, addresses
+        self.max_message_bytes, self.keyring = max_message_bytes, keyring
+        self.socks: dict[str, zmq.Socket] = {}
+        self._at: dict[str, str] = {}
+
+    def get(self, peer: str) -> zmq.Socket | None:
+        """The socket to ``peer``, or None when its address is unknown."""
+        addr = self.addresses.get(peer)
+        if addr is None:
+            return None
+        if self._at.get(peer) != addr:
+            old = self.socks.pop(peer, None)
+            if old is not None:
+                old.close(0)
+            self.socks[peer] = dealer_socket(self.ctx, addr, peer, self.max_message_bytes, self.keyring)
+            self._at[peer] = addr
+        return self.socks[peer]
+
+    def close(self) -> None:
+        for sock in self.socks.values():
+            sock.close(0)
+        self.socks.clear()
+        self._at.clear()
+
+
 def sender(frame) -> str | None:
     """The authenticated name a frame came with (its ZAP User-Id), or None on an open cluster."""
     try:
