@@ -200,3 +200,26 @@ def test_one_capacity_tolerance():
     bad = [f"{name}: {line.strip()}" for name, path in MODULES.items() if name != "slimcaching.capacity"
            for line in path.read_text().splitlines() if slack.search(line) and "slots" not in line]
     assert not bad, bad
+
+
+def _uses_pyzmq(path: Path) -> bool:
+    """Whether a module calls into pyzmq (``zmq.<name>`` anywhere; a bare ``import zmq`` that
+    only checks the extra is installed does not count)."""
+    tree = ast.parse(path.read_text())
+    return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "zmq"
+               for n in ast.walk(tree))
+
+
+def test_one_transport():
+    """Sockets are made, polled and read in runtime/transport.py (and CURVE set up in
+    runtime/security.py): a new transport replaces those two modules, not every sender."""
+    users = sorted(name for name, path in MODULES.items() if _uses_pyzmq(path))
+    assert users == ["slimcaching.runtime.security", "slimcaching.runtime.transport"], users
+
+
+def test_the_transport_rule_can_fail(tmp_path):
+    sample = tmp_path / "m.py"
+    sample.write_text("import zmq\n\ndef f(s):\n    return s.poll(1, zmq.POLLIN)\n")
+    assert _uses_pyzmq(sample)
+    sample.write_text("def f():\n    import zmq  # noqa: F401 - the extra is installed\n")
+    assert not _uses_pyzmq(sample)

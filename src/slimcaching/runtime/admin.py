@@ -7,31 +7,22 @@ CURVE with the node's public key pinned, so only the real node can answer.
 
 from __future__ import annotations
 
-import zmq
-
 from slimcaching.runtime import protocol
 from slimcaching.runtime.security import Keyring
+from slimcaching.runtime.transport import ask
 
 
 def request(address: str, msg, *, keyring: Keyring | None = None, node: str | None = None,
-            timeout: float = 5.0, ctx: zmq.Context | None = None):
+            timeout: float = 5.0, ctx=None):
     """Send one typed message to the node at ``address``; its typed reply, or None (no answer
     within ``timeout`` seconds, or an answer that is not a message)."""
-    s = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    if keyring is not None:
-        keyring.client(s, node)
+    frames = ask(address, msg.frames(), peer=node, keyring=keyring, timeout=timeout, ctx=ctx)
+    if frames is None:
+        return None
     try:
-        s.connect(address)
-        s.send_multipart(msg.frames())
-        if not s.poll(int(timeout * 1000)):
-            return None
-        try:
-            return protocol.parse([f.buffer for f in s.recv_multipart(copy=False)])
-        except protocol.ProtocolError:
-            return None
-    finally:
-        s.close(0)
+        return protocol.parse([f.buffer for f in frames])
+    except protocol.ProtocolError:
+        return None
 
 
 def status(address: str, **kw) -> dict | None:

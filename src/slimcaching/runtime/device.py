@@ -20,8 +20,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import zmq
-
 from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
@@ -35,7 +33,7 @@ from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.security import Keyring
 from slimcaching.runtime.skeleton import load_partial_model
 from slimcaching.runtime.tensors import output_array
-from slimcaching.runtime.transport import Dealers, send_now
+from slimcaching.runtime.transport import Dealers, context, recv_within, send_now
 from slimcaching.runtime.weights import expert_source, load_experts, run_expert
 
 
@@ -88,7 +86,7 @@ class DeviceClient:
         self.config = config
         self.pace = config.pace
         emulate = config.emulate
-        self.ctx = zmq.Context.instance()
+        self.ctx = context()
         self.dealers = Dealers(self.ctx, addresses, self.max_message_bytes, keyring)
         self.ids = itertools.count(1)
         self.health = PeerHealth(config.retry_after_s)
@@ -113,7 +111,7 @@ class DeviceClient:
         for node in (self.home, CLOUD):  # connect early: the first request should not wait for TCP
             self._sock(node)
 
-    def _sock(self, node: str) -> zmq.Socket:
+    def _sock(self, node: str):
         sock = self.dealers.get(node)
         if sock is None:
             raise KeyError(node)
@@ -227,10 +225,8 @@ class DeviceClient:
                                                          assign, tag, exclude, via)
                 deadline = time.time() + self.deadline_for(self.layout.relay_s[(self.home, CLOUD)])
                 continue
-            sock.setsockopt(zmq.RCVTIMEO, max(1, int(left * 1000)))  # block in recv itself: no poller per wait
-            try:
-                frames = sock.recv_multipart(copy=False)
-            except zmq.Again:
+            frames = recv_within(sock, left)
+            if frames is None:
                 continue
             recv_at = time.time()
             try:

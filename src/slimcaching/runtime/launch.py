@@ -21,8 +21,6 @@ import threading
 import time
 from pathlib import Path
 
-import zmq
-
 from slimcaching.errors import ScenarioError
 from slimcaching.fileio import read_data_file
 from slimcaching.runtime import admin, protocol
@@ -31,6 +29,7 @@ from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.node import NodeServer, rss_bytes
 from slimcaching.runtime.reaper import Reaper
 from slimcaching.runtime.security import ADMIN, Keyring, ephemeral_keyrings, write_keyring_dir
+from slimcaching.runtime.transport import TransportError, context
 from slimcaching.runtime.weights import load_experts
 
 
@@ -279,7 +278,7 @@ class LocalCluster:
         self.start_timeout = config.start_timeout_s
         self.launcher = launcher
         self._ray_started = False
-        self.ctx = zmq.Context.instance()
+        self.ctx = context()
         self.events: list[dict] = []
         # this run's keys: one pair per node, per user and for the launcher itself
         self.keyrings = ephemeral_keyrings(list(nodes) + [u for u in users if u not in nodes] + [ADMIN])
@@ -388,7 +387,7 @@ class LocalCluster:
             if p.alive():
                 try:
                     self.request(p.name, protocol.Shutdown(1), timeout=0.5)
-                except zmq.ZMQError:
+                except TransportError:
                     pass
         for p in self.nodes.values():
             p.stop()

@@ -31,8 +31,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import zmq
-
 from slimcaching.errors import ScenarioError
 from slimcaching.limits import limit
 from slimcaching.runtime import protocol
@@ -49,7 +47,7 @@ from slimcaching.runtime.relayout import LiveRelayout
 from slimcaching.runtime.routing import Layout
 from slimcaching.runtime.security import ADMIN, Keyring, allowed, is_loopback, load_keyring
 from slimcaching.runtime.tensors import to_torch
-from slimcaching.runtime.transport import Transport
+from slimcaching.runtime.transport import Transport, TransportError
 from slimcaching.runtime.weights import load_experts
 
 
@@ -578,7 +576,7 @@ def _start(server: NodeServer, ctx: Context, name: str, host: str, port: int, pe
     server.enable_relayout(ctx.expert_source(), ctx.expert_room())
     try:
         port = server.bind(host, port)
-    except zmq.ZMQError as exc:
+    except TransportError as exc:
         raise ScenarioError("port", f"cannot listen on {host}:{port} ({exc.strerror})", port) from None
     if peers:
         server.connect_peers(peers)

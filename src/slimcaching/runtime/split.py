@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import zmq
 
 from slimcaching.hf import find_moe_layers
 from slimcaching.limits import limit
@@ -46,7 +45,7 @@ from slimcaching.runtime.linkemu import Link, release_time, schedule_path, sleep
 from slimcaching.runtime.protocol import ErrorReply, Result, SplitEnd, SplitStep
 from slimcaching.runtime.routing import CLOUD, Layout
 from slimcaching.runtime.tensors import to_numpy, to_torch
-from slimcaching.runtime.transport import Dealers, send_now
+from slimcaching.runtime.transport import Dealers, WakePipe, context, ready_among, recv_within, send_now, send_nowait
 from slimcaching.runtime.weights import run_expert
 
 
@@ -88,7 +87,7 @@ class HostExperts:
         self.expert_seconds = 0.0
         self.fallbacks: list[dict] = []
 
-    def _sock(self, peer: str) -> zmq.Socket | None:
+    def _sock(self, peer: str):
         return self.dealers.get(peer)
 
     def close(self) -> None:
@@ -159,11 +158,8 @@ class HostExperts:
             if not pending:
                 break
             socks = {self.dealers.socks[h]: h for h, *_ in pending.values() if h in self.dealers.socks}
-            poller = zmq.Poller()
-            for s in socks:
-                poller.register(s, zmq.POLLIN)
             wait = max(0.001, min(d for _, _, d, _ in pending.values()) - time.time())
-            for s, _ in poller.poll(int(wait * 1000) + 1):
+            for s in ready_among(socks, wait + 0.001):
                 try:
                     frames = s.recv_multipart(copy=False)
                     received_at = time.time()
@@ -273,11 +269,9 @@ class SplitHost:
         self.max_sessions = limit("split_sessions")
         self.jobs: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
-        self.wake_addr = f"inproc://split-{id(self)}"
-        self.wake_in = transport.ctx.socket(zmq.PULL)
-        self.wake_in.bind(self.wake_addr)
+        self.wakes = WakePipe(transport.ctx, "split")
         self.stats = {"steps": 0, "sessions_started": 0, "sessions_dropped": 0, "out_of_sync": 0}
-        transport.watch(self.wake_in, self._deliver)
+        transport.watch(self.wakes.reader, self._deliver)
         self.thread = threading.Thread(target=self._loop, name=f"split-{self.name}", daemon=True)
         self.thread.start()
 
@@ -290,11 +284,7 @@ class SplitHost:
         self.jobs.put(("end", user, session))
 
     def _deliver(self) -> None:
-        while True:
-            try:
-                self.wake_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        self.wakes.drain()
         while True:
             try:
                 ident, frames, done = self.done.get_nowait()
@@ -307,13 +297,11 @@ class SplitHost:
     def close(self) -> None:
         self.jobs.put(None)
         self.thread.join(5)
-        self.wake_in.close(0)
+        self.wakes.close()
 
     # ---- the thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
-        wake = self.transport.ctx.socket(zmq.PUSH)
-        wake.linger = 0
-        wake.connect(self.wake_addr)
+        wake = self.wakes.writer()
         try:
             while True:
                 job = self.jobs.get()
@@ -333,10 +321,10 @@ class SplitHost:
                     frames = ErrorReply(step.id, f"split step failed ({type(exc).__name__}: {str(exc)[:100]})",
                                         False).frames()
                 self.done.put((ident, frames, done))
-                wake.send(b"", zmq.NOBLOCK)
+                wake.wake()
         finally:
             self.experts.close()
-            wake.close(0)
+            wake.close()
 
     def _session(self, step: SplitStep) -> _Session:
         key = (step.user, step.session)
@@ -412,7 +400,7 @@ class SplitClient:
         self.keyring = keyring
         self.config = config
         emulate = config.emulate
-        self.ctx = zmq.Context.instance()
+        self.ctx = context()
         self.ids = itertools.count(1)
         self.health = PeerHealth(config.retry_after_s)
         self.fallbacks: list[dict] = FallbackLog()
@@ -439,7 +427,7 @@ class SplitClient:
         lay = self.layout
         return min(live, key=lambda v: lay.access_s(self.user, v) + lay.relay_s.get((v, host), math.inf))
 
-    def _sock(self, node: str) -> zmq.Socket:
+    def _sock(self, node: str):
         sock = self.dealers.get(node)
         if sock is None:
             raise KeyError(node)
@@ -509,10 +497,10 @@ class SplitClient:
             left = deadline - time.time()
             if left <= 0:
                 return "no reply"
-            if not sock.poll(max(1, int(left * 1000))):
+            frames = recv_within(sock, left)
+            if frames is None:
                 continue
             try:
-                frames = sock.recv_multipart(copy=False)
                 received_at = time.time()
                 msg = protocol.parse([f.buffer for f in frames])
             except protocol.ProtocolError as exc:
@@ -536,10 +524,7 @@ class SplitClient:
     def end(self, session: str, host: str) -> None:
         """Tell the host the session is over (best effort: its cache is also dropped when old)."""
         target = self.home if self.health.alive(self.home) else CLOUD
-        try:
-            self._sock(target).send_multipart(SplitEnd(next(self.ids), self.user, session, host).frames(), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        send_nowait(self._sock(target), SplitEnd(next(self.ids), self.user, session, host).frames())
 
 
 def model_eos_ids(model) -> list[int]:

@@ -230,6 +230,98 @@ def dealer_socket(ctx: zmq.Context, address: str, peer: str, max_message_bytes: 
     return s
 
 
+TransportError = zmq.ZMQError  # what a socket operation raises (binding a taken port, a closed socket)
+
+
+def context() -> zmq.Context:
+    """The process's one messaging context (every socket of the runtime is made from it)."""
+    return zmq.Context.instance()
+
+
+def recv_within(sock: zmq.Socket, seconds: float) -> list | None:
+    """The next message's frames (zero-copy) from ``sock`` within ``seconds`` (at least 1 ms), or
+    None. Blocks in the receive itself: no poller per wait on the device's hot path."""
+    sock.setsockopt(zmq.RCVTIMEO, max(1, int(seconds * 1000)))
+    try:
+        return sock.recv_multipart(copy=False)
+    except zmq.Again:
+        return None
+
+
+def ready_among(socks, seconds: float) -> list:
+    """Those of ``socks`` with a message waiting, after waiting up to ``seconds`` for the first."""
+    poller = zmq.Poller()
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
+    return [sock for sock, _ in poller.poll(max(1, int(seconds * 1000)))]
+
+
+def send_nowait(sock: zmq.Socket, frames) -> bool:
+    """Send if it can go at once (best effort, e.g. a session's end); False when it could not."""
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK)
+        return True
+    except zmq.ZMQError:
+        return False
+
+
+def ask(address: str, frames, *, peer: str | None = None, keyring: Keyring | None = None, timeout: float = 5.0,
+        ctx: zmq.Context | None = None) -> list | None:
+    """One request on a socket of its own (an operator's ``ping``, ``shutdown``): the reply's
+    frames within ``timeout`` seconds, or None. With ``keyring``, ``peer``'s key is pinned."""
+    s = (ctx or context()).socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    if keyring is not None:
+        keyring.client(s, peer)
+    try:
+        s.connect(address)
+        s.send_multipart(frames)
+        if not s.poll(int(timeout * 1000)):
+            return None
+        return s.recv_multipart(copy=False)
+    finally:
+        s.close(0)
+
+
+class WakePipe:
+    """Wakes a node's loop from a worker thread (the split host's): the loop watches ``reader``
+    and calls :meth:`drain`; the thread makes its own end with :meth:`writer` (a socket belongs to
+    one thread) and calls its ``wake()``."""
+
+    def __init__(self, ctx: zmq.Context, name: str):
+        self.ctx = ctx
+        self.address = f"inproc://{name}-{id(self)}"
+        self.reader = ctx.socket(zmq.PULL)
+        self.reader.bind(self.address)
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.reader.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def writer(self) -> _Waker:
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.linger = 0
+        sock.connect(self.address)
+        return _Waker(sock)
+
+    def close(self) -> None:
+        self.reader.close(0)
+
+
+class _Waker:
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+
+    def wake(self) -> None:
+        self.sock.send(b"", zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
 class Dealers:
     """One DEALER per peer (:func:`dealer_socket`), made on first use and remade when the peer's
     address in ``addresses`` (a live mapping: a node's table follows restarts) changes. The one
