@@ -11,6 +11,9 @@ Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcachin
          (top-2 of 8, top-4 of 16, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model
          per user, with the fitted exponent of solve time per MoE layer in E over the top-8 ones
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
+     python benchmarks/bench_scale.py --routing measured --models olmoe-1b-7b --models-per-user 1
+         # every synthetic profile replaced by routing measured with `slimcaching profile` (see
+         # measured_profile: no model hub here, so a random-weight model of the preset's shape)
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from _fit import slope, write_results
@@ -28,7 +33,42 @@ from _fit import slope, write_results
 SHAPES = ("mixtral-8x7b", "llama-moe-3.5b-4-16", "olmoe-1b-7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
 
 
-def one(size: str, algo: str, models: str = "", models_per_user: int = 2) -> dict:
+CACHE = Path(tempfile.gettempdir()) / "slimcaching-bench-scale"
+
+
+def measured_profile(preset: str, task: str, tokens: int = 1000) -> Path:
+    """A profile of ``preset``'s shape (MoE layers, experts, top-K) measured by ``slimcaching
+    profile``: routers of a tiny random-weight Qwen3-MoE model run over ``tokens`` prompt tokens
+    (seeded by ``task``), recorded per token and layer. No model hub here, so not the real
+    model's routing: random routers spread the sets far wider than a trained model's (nearly every
+    token its own co-activation set), the planner's hard case for wide top-K. Cached on disk."""
+    from slimcaching.cli import main as cli
+    from slimcaching.presets import resolve_preset
+    from slimcaching.runtime.tiny import build_tiny_model
+
+    arch = resolve_preset(preset)
+    out = CACHE / f"{preset}-{task}-{tokens}.json"
+    if out.exists():
+        return out
+    model = CACHE / f"model-{arch['layers']}x{arch['experts']}-top{arch['top_k']}"
+    if not model.exists():
+        build_tiny_model(model, family="qwen3_moe", hidden=32, intermediate=16, layers=arch["layers"],
+                         experts=arch["experts"], top_k=arch["top_k"])
+    rng = np.random.default_rng(sum(map(ord, task)))
+    prompts = CACHE / f"prompts-{task}-{tokens}.txt"
+    lines, n = [], 0
+    while n < tokens:
+        k = int(min(tokens - n, rng.integers(8, 40)))
+        lines.append(" ".join(f"w{int(w)}" for w in rng.integers(3, 250, k)))
+        n += k
+    prompts.write_text("\n".join(lines) + "\n")
+    code = cli(["profile", str(model), "--prompts", str(prompts), "-o", str(out), "--name", preset])
+    if code != 0:
+        raise SystemExit(f"slimcaching profile failed ({code}) for {preset}")
+    return out
+
+
+def one(size: str, algo: str, models: str = "", models_per_user: int = 2, routing: str = "synthetic") -> dict:
     from slimcaching.algorithms import solve
     from slimcaching.evaluation import placement_latency
     from slimcaching.generate import generate_scenario_dict
@@ -38,12 +78,18 @@ def one(size: str, algo: str, models: str = "", models_per_user: int = 2) -> dic
     servers, users = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
     extra = {"models": tuple(models.split(",")), "models_per_user": models_per_user} if models else {}
-    sc = resolve_scenario(generate_scenario_dict(servers=servers, users=users, **extra))
+    data = generate_scenario_dict(servers=servers, users=users, **extra)
+    if routing == "measured":
+        data["profiles"] = {name: {"file": str(measured_profile(spec["synthetic"]["model"], spec["synthetic"]["task"],
+                                                                 spec["synthetic"]["tokens"]))}
+                            for name, spec in data["profiles"].items()}
+    sc = resolve_scenario(data)
     problem = build_problem(sc, merge_rows=True)
     problem.compact()
     build = time.perf_counter() - t0
     pl = solve(problem, algo)
     return {"size": size, "servers": servers, "users": users, "algorithm": algo, "models": models or "default",
+            "routing": routing,
             "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": build, "solve_s": pl.solve_seconds,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "passes": pl.params.get("passes_run"), "polish": pl.params.get("polish"),
@@ -72,12 +118,14 @@ def main() -> None:
     ap.add_argument("--models", default="", help="comma-separated presets (default: the default scenario's)")
     ap.add_argument("--models-per-user", type=int, default=2)
     ap.add_argument("--shapes", action="store_true", help="one run per preset of SHAPES, one model per user")
-    ap.add_argument("--one", nargs=4, metavar=("SIZE", "ALGO", "MODELS", "PER_USER"), help=argparse.SUPPRESS)
+    ap.add_argument("--routing", choices=("synthetic", "measured"), default="synthetic",
+                    help="synthetic profiles, or routing measured by `slimcaching profile` (see measured_profile)")
+    ap.add_argument("--one", nargs=5, metavar=("SIZE", "ALGO", "MODELS", "PER_USER", "ROUTING"), help=argparse.SUPPRESS)
     ap.add_argument("--cli", action="store_true")
     args = ap.parse_args()
     if args.one:
-        size, algo, models, per_user = args.one
-        print(json.dumps(one(size, algo, "" if models == "-" else models, int(per_user))))
+        size, algo, models, per_user, routing = args.one
+        print(json.dumps(one(size, algo, "" if models == "-" else models, int(per_user), routing)))
         return
     if args.cli:
         print(json.dumps(cli_time()))
@@ -88,7 +136,7 @@ def main() -> None:
             for algo in args.algos.split(",")]
     for size, algo, models, per_user in runs:
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, __file__, "--one", size, algo, models, str(per_user)],
+        res = subprocess.run([sys.executable, __file__, "--one", size, algo, models, str(per_user), args.routing],
                              capture_output=True, text=True)
         if res.returncode:
             print(f"{size} {algo} failed:\n{res.stderr[-2000:]}", flush=True)
@@ -96,7 +144,7 @@ def main() -> None:
         row = json.loads(res.stdout.strip().splitlines()[-1])
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
-        print(f"{row['models'][:28]:28s} {size:>10s} {algo:18s} {row['latency_ms']:10.4f} ms  "
+        print(f"{row['models'][:28]:28s} {row['routing'][:9]:9s} {size:>10s} {algo:18s} {row['latency_ms']:10.4f} ms  "
               f"build {row['build_s']:6.2f} s  solve {row['solve_s']:7.2f} s  peak {row['peak_rss_mb']:7.0f} MB  "
               f"passes {row['passes']}",
               flush=True)
