@@ -244,7 +244,8 @@ def lower_bound(problem: Problem, time_limit: float = 600.0, progress=None) -> d
     say("capacity-levels bound (one single-server problem per home and level)")
     home = home_bound(p)
     found["capacity levels around each home (exact single-server relaxations)"] = home["lower_bound_s"]
-    say(f"LP relaxation (HiGHS interior point, up to {max(1.0, time_limit - (time.perf_counter() - t0)):.0f} s)")
+    say(f"LP relaxation (HiGHS interior point, up to {max(1.0, time_limit - (time.perf_counter() - t0)):.0f} s; "
+        f"best bound so far {max(found.values()) * 1e3:.3f} ms; --bound-time-limit shortens the wait)")
     f = build_formulation(p)
     # the LP gets what is left of the time limit, so that the whole certificate stays within it
     r = solve_lp_bound(f, max(1.0, time_limit - (time.perf_counter() - t0)))
