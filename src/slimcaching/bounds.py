@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 
-from slimcaching.algorithms.core.decomposition import Decomposition
-from slimcaching.algorithms.core.groups import PrefixGroup, prefix_form
+from slimcaching.algorithms.core.groups import PrefixGroup
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table, zeta_table
+from slimcaching.bounds_levels import capacity_levels
 from slimcaching.capacity import how_many
 from slimcaching.formulation import build_formulation, solve_lp_bound
 from slimcaching.placement import Placement
@@ -67,74 +67,29 @@ def home_bound(problem: Problem, max_levels: int | None = None) -> dict:
     level, group) for the levels that cannot hold every expert, one knapsack per (home, level)."""
 
     t0 = time.perf_counter()
-    p = problem.compact()
-    dec = Decomposition(p, compiled=False)
-    nh, ns = p.n_homes, p.n_servers
-    finite = np.where(np.isfinite(p.holder_cost), p.holder_cost, 1e300)
-    everything = float(p.item_size.sum())
-    levels_max = ns if max_levels is None else max(1, min(ns, int(max_levels)))
-    base = float(p.dense_term)
-    reduction, exact, levels_used = 0.0, True, 0
-    for h in range(nh):
-        order = np.argsort(finite[h].sum(axis=1), kind="stable")  # any order gives a valid bound
-        g_cost = np.empty((ns + 1, p.holder_cost.shape[2]))  # g_cost[j - 1] = g_j
-        for j in range(ns + 1):
-            rest = p.holder_cost[h, order[j:], :]
-            g_cost[j] = np.minimum(p.cloud_cost[h], rest.min(axis=0) if j < ns else np.inf)
-        cap = np.cumsum(p.capacity[order])
-        # rows of home h per group, and their latency with everything at the cloud
-        parts = []
-        for g in range(len(dec.g_start)):
-            a, b = dec.home_ptr[g, h], dec.home_ptr[g, h + 1]
-            if b == a:
-                continue
-            m, lo, e = int(dec.g_model[g]), int(dec.g_lo[g]), int(dec.g_e[g])
-            items = p.row_items[a:b, :p.scenario.models[m].top_k]
-            present = items < p.n_items
-            local, access, w = p.row_local[a:b], p.row_access[a:b], p.row_weight[a:b]
-            worst = np.where(present.any(axis=1), g_cost[ns, m], -np.inf)
-            base += float(w @ np.maximum(local, access + worst))
-            parts.append((m, lo, e, items, present, local, access, w))
-        for j in range(1, ns + 1):  # level j: servers order[:j], gains L(g_{j+1}) - L(g_j)
-            tables, sizes = [], []
-            # from here on every row may count as covered: the gains of all remaining levels
-            # together, L(cloud) - L(g_j), without tables (exact where C_j holds every expert,
-            # an upper bound on those levels' best gains beyond max_levels)
-            tail = j > levels_max or cap[j - 1] >= everything
-            for m, lo, e, items, present, local, access, w in parts:
-                hi_cost, lo_cost = g_cost[ns if tail else j, m], g_cost[j - 1, m]
-                if not hi_cost > lo_cost:
-                    continue
-                rc = np.where(present, hi_cost, -np.inf)
-                if tail:
-                    full = np.where(present.any(axis=1), np.maximum(local, access + lo_cost), local)
-                    reduction += float(w @ (np.maximum(local, access + rc.max(axis=1)) - full))
-                    continue
-                lidx = np.where(present, items - lo, e)
-                used = np.zeros(e + 1, bool)
-                used[lidx[present]] = True
-                used[e] = False
-                n_cand = int(used.sum())
-                size = float(p.item_size[lo])
-                kmax = min(how_many(cap[j - 1], size), n_cand)
-                if n_cand <= MAX_ZETA_CANDIDATES:
-                    compact = np.cumsum(used) - 1
-                    masks, coefs = prefix_form(compact[lidx], present, rc, np.full(len(w), lo_cost), local, access, w)
-                    values = value_table(PrefixGroup(lo + np.nonzero(used)[0], masks, coefs), kmax, np.inf).values
-                else:  # a row gains only once all its experts are chosen: bound the best coverage
-                    gain = w * (np.maximum(local, access + hi_cost) - np.maximum(local, access + lo_cost))
-                    values = coverage_upper_bound(lidx, present, gain, e, kmax)
-                    exact = False
-                tables.append(values)
-                sizes.append(size)
-            if tail:
-                break
-            if not tables:
-                continue
-            levels_used = max(levels_used, j)
-            units, cap_units, _ = _units_down(np.array(sizes), float(cap[j - 1]), capacity_units)
-            reduction += knapsack_by_size_class(tables, units, cap_units)[0]
-    bound = (base - reduction) * (1 - SAFETY)
+    lv = capacity_levels(problem, max_levels)
+    reduction, exact, levels_used = lv.tail, True, 0
+    for level in lv.levels:
+        tables, sizes = [], []
+        for grp in level.groups:
+            used = grp.used
+            n_cand = int(used.sum())
+            kmax = min(how_many(level.capacity, grp.size), n_cand)
+            if n_cand <= MAX_ZETA_CANDIDATES:
+                compact = np.append(np.cumsum(used) - 1, 0)
+                bits = np.where(grp.present, np.left_shift(np.int64(1), compact[grp.lidx]), 0)
+                masks = np.bitwise_or.reduce(bits, axis=1)[:, None]
+                group = PrefixGroup(grp.lo + np.nonzero(used)[0], masks, grp.gain[:, None])
+                values = value_table(group, kmax, np.inf).values
+            else:  # a row gains only once all its experts are chosen: bound the best coverage
+                values = coverage_upper_bound(grp.lidx, grp.present, grp.gain, grp.e, kmax)
+                exact = False
+            tables.append(values)
+            sizes.append(grp.size)
+        levels_used = max(levels_used, level.j)
+        units, cap_units, _ = _units_down(np.array(sizes), level.capacity, capacity_units)
+        reduction += knapsack_by_size_class(tables, units, cap_units)[0]
+    bound = (lv.base - reduction) * (1 - SAFETY)
     return {"lower_bound_s": bound, "seconds": time.perf_counter() - t0, "all_tables_exact": exact,
             "levels": levels_used}
 
