@@ -32,7 +32,8 @@ def test_bounds_never_exceed_brute_force_optimum(seed):
     assert cert["lower_bound_s"] <= opt * (1 + 1e-12)
     assert cert["lower_bound_s"] >= storage_bound(problem) - 1e-15
     assert cert["bound_method"].split(" (")[0] in ("LP relaxation", "unlimited edge storage",
-                                                    "capacity levels around each home")
+                                                    "capacity levels around each home",
+                                                    "capacity levels priced against the servers' contents")
     assert all(b <= opt * (1 + 1e-12) for b in cert["bounds_s"].values())
     ex = solve(problem, "exact", {"time_limit": 30})
     assert ex.info["optimal"] and ex.info["objective_s"] == pytest.approx(opt, rel=1e-9)
@@ -173,8 +174,12 @@ def test_highs_prints_no_banner(capfd):
 def test_lower_bound_says_which_bound_it_computes():
     problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=3)))
     said = []
-    cert = lower_bound(problem, time_limit=30, progress=said.append)
-    assert [s.split(" ")[0] for s in said] == ["storage", "capacity-levels", "LP"]
+    cert = lower_bound(problem, time_limit=30, progress=lambda stage, best: said.append((stage, best)))
+    stages = [s.split(" (")[0] for s, _ in said]
+    assert stages[0] == "unlimited edge storage" and stages[-1] == "LP relaxation"
+    assert "capacity levels priced against the servers' contents" in stages
+    bests = [b for _, b in said]
+    assert bests == sorted(bests) and bests[-1] <= cert["lower_bound_s"]  # the best so far never falls
     assert cert["lower_bound_s"] == lower_bound(problem, time_limit=30)["lower_bound_s"]  # the same bound
 
 
@@ -203,3 +208,91 @@ def test_coverage_upper_bound_is_above_the_best_coverage(seed, hub):
     assert np.all(bound >= best - 1e-12)
     if hub >= e:
         assert np.allclose(bound, best, rtol=1e-12, atol=1e-12)
+
+
+def _brute_priced(sets, valid, gain, price, kmax):
+    e = len(price)
+    best = np.zeros(kmax + 1)
+    for k in range(1, kmax + 1):
+        best[k] = best[k - 1]
+        for y in itertools.combinations(range(e), k):
+            chosen = np.zeros(e + 1, bool)
+            chosen[list(y)] = True
+            covered = np.all(chosen[np.where(valid, sets, e)] | ~valid, axis=1) & valid.any(axis=1)
+            best[k] = max(best[k], float(gain[covered].sum() - price[list(y)].sum()))
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), hub=st.integers(0, 8), tilt=st.sampled_from([0.0, 1.0, 3.0]))
+def test_priced_table_is_above_the_best_priced_coverage(seed, hub, tilt):
+    """The coupled bound's tables: for any prices, at or above max over |Y| <= k of the gain of
+    the rows within Y minus Y's price (brute force), whatever the hub and the split of the gains."""
+    import slimcaching.bounds_coupled as coupled
+    from slimcaching.bounds_levels import LevelGroup
+
+    rng = np.random.default_rng(seed)
+    e, k_width, rows = int(rng.integers(3, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 20))
+    k_width = min(k_width, e)
+    sets = np.array([np.sort(rng.choice(e, size=k_width, replace=False)) for _ in range(rows)])
+    valid = rng.random((rows, k_width)) < 0.85
+    gain = rng.random(rows) * (rng.random(rows) < 0.9) * valid.any(axis=1)
+    price = rng.random(e) * rng.choice([0.0, 0.1, 1.0]) * (rng.random(e) < 0.7)
+    grp = LevelGroup(0, e, 1.0, np.where(valid, sets, e), valid, gain)
+    kmax = int(rng.integers(0, e + 1))
+    table = coupled._priced_table(grp, kmax, exact_experts=hub, hub_experts=hub, split_tilt=tilt)
+    values, state = table.evaluate(price)
+    truth = _brute_priced(sets, valid, gain, price, kmax)
+    assert np.all(values >= truth - 1e-9)
+    assert np.all(np.diff(values) >= 0)
+    for k in range(kmax + 1):  # the maximiser read back is a set of at most k experts of the group
+        y = table.chosen(k, state)
+        assert len(y) <= k and len(set(y.tolist())) == len(y) and np.all((y >= 0) & (y < e))
+    exact = coupled._priced_table(grp, kmax, exact_experts=e, hub_experts=e)
+    assert np.allclose(exact.evaluate(price)[0], truth, atol=1e-9)  # every expert in the hub: exact
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_coupled_bound_never_exceeds_the_optimum(seed, monkeypatch):
+    """The Lagrangian bound over the servers' contents is below the proven optimum (device caches,
+    K = 1..3, one or two models, reach) for any prices it visits, with exact tables and with the
+    hub-and-charges tables forced, and it starts at the capacity-levels bound."""
+    import slimcaching.bounds_coupled as coupled
+    from slimcaching.bounds import home_bound
+
+    problem = _problem(seed=seed, servers=2 + seed % 2, users=3 + seed % 3, experts=3 + seed % 3, top_k=1 + seed % 3,
+                       layers=2, models=1 + seed % 2, capacity_experts=1.5 + seed % 3, local_experts=seed % 2,
+                       reach=2 if seed % 4 == 3 else 0)
+    ex = solve(problem, "exact", {"time_limit": 60})
+    assert ex.info["optimal"]
+    opt = ex.info["objective_s"]
+    seen = []
+    cb = coupled.coupled_levels_bound(problem, None, 5.0, progress=lambda b, i: seen.append(b) if b else None)
+    assert cb["start_s"] == pytest.approx(home_bound(problem)["lower_bound_s"], rel=1e-9)
+    assert cb["lower_bound_s"] >= cb["start_s"] * (1 - 1e-12)
+    assert all(b <= opt * (1 + 1e-12) for b in seen + [cb["lower_bound_s"]])
+    monkeypatch.setattr(coupled, "EXACT_EXPERTS", 1)
+    monkeypatch.setattr(coupled, "HUB_EXPERTS", 1)
+    weak = coupled.coupled_levels_bound(problem, opt, 5.0)
+    assert weak["lower_bound_s"] <= opt * (1 + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_fractional_knapsack_is_above_every_integer_choice(seed):
+    from slimcaching.bounds_coupled import _fractional_knapsack
+
+    rng = np.random.default_rng(seed)
+    n, e = int(rng.integers(1, 3)), int(rng.integers(1, 7))
+    value = rng.normal(size=(n, e))
+    size = rng.integers(1, 4, size=e).astype(float)
+    cap = rng.integers(0, 8, size=n).astype(float)
+    total, x = _fractional_knapsack(value, size, cap)
+    assert np.all((x >= 0) & (x <= 1)) and np.all(x @ size <= cap + 1e-9)
+    assert total == pytest.approx(float((value * x).sum()))
+    best = 0.0
+    for n_i in range(n):
+        row = max(float(value[n_i, list(y)].sum()) for r in range(e + 1) for y in itertools.combinations(range(e), r)
+                  if size[list(y)].sum() <= cap[n_i])
+        best += row
+    assert total >= best - 1e-9

@@ -194,3 +194,63 @@ def test_quiet_turns_progress_off_and_resets_per_invocation(capsys, monkeypatch)
     capsys.readouterr()
     common.note("node e0 ready")
     assert "node e0 ready" in capsys.readouterr().err
+
+
+def _cli_value(kind, default, name: str, algorithm: str) -> str:
+    """A valid value of a parameter's declared type, spelled as on the command line."""
+    if algorithm == "exact" and name == "time_limit":
+        return "2"
+    if kind is bool:
+        return "false" if name == "warm_start" or name == "hybrid" else str(not default).lower() \
+            if name != "relax" else "true"
+    if kind is float:
+        return repr(float(default) if float(default) > 0 else 0.5)
+    return str(default)
+
+
+def test_every_parameter_arrives_with_its_declared_type(tmp_path, capsys, monkeypatch):
+    """``-p NAME=VALUE`` for every registered algorithm and parameter: the algorithm, the summary
+    and the placement file see the declared type (a string reached the summary's number format
+    and lost a finished 10-minute exact solve to a traceback)."""
+    import dataclasses
+    import functools
+
+    from slimcaching.algorithms import ALGORITHMS, algorithm_names, get_algorithm
+    from slimcaching.quality import random_instance
+
+    scen = tmp_path / "s.json"
+    scen.write_text(json.dumps(random_instance(7, 2)))
+    tried, seen = 0, {}
+    for name in algorithm_names():
+        spec = get_algorithm(name)
+
+        def spying(fn):
+            @functools.wraps(fn)  # the same signature: the registry reads the defaults from it
+            def spy(problem, **kw):
+                seen.update(kw)
+                return fn(problem, **kw)
+            return spy
+
+        monkeypatch.setitem(ALGORITHMS, name, dataclasses.replace(spec, fn=spying(spec.fn)))
+        for param, default in spec.defaults.items():
+            seen.clear()
+            kind = spec.rule(param).kind
+            value = _cli_value(kind, default, param, name)
+            out = tmp_path / f"{name}-{param}.json"
+            code = main(["solve", str(scen), "-a", name, "-p", f"{param}={value}", "-o", str(out)])
+            err = capsys.readouterr().err
+            assert code == 0 and "Traceback" not in err, (name, param, value, err)
+            assert type(seen[param]) is kind, (name, param, seen[param])  # what the algorithm got
+            assert json.loads(out.read_text())["mean_token_latency_s"] > 0
+            tried += 1
+    assert tried >= 30
+
+
+def test_exact_at_its_time_limit_writes_its_best_placement_and_gap(tmp_path, capsys):
+    out = tmp_path / "e.json"
+    assert main(["solve", "default", "-a", "exact", "-p", "time_limit=2", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    data = json.loads(out.read_text())
+    assert data["status"] == "time_limit" and data["optimal"] is False
+    assert 0 <= data["gap"] < 1 and data["objective_s"] <= data["warm_start_s"] + 1e-12
+    assert "time limit of 2 s reached" in err and "gap" in err

@@ -280,20 +280,40 @@ def _highs(f: Formulation, integer: bool, time_limit: float, options: dict):
     return h
 
 
-def _run(h) -> None:
+# solves asked to stop that had not stopped within CANCEL_WAIT: kept alive until they finish (a
+# Highs object destroyed while its solver thread runs would crash the process)
+_ABANDONED: list = []
+CANCEL_WAIT = 0.8  # seconds; branch and bound polls the interrupt only between its phases
+
+
+def abandoned_solves() -> int:
+    """How many interrupted HiGHS solves are still running in this process (their threads end on
+    their own at the time limit; a command line ends the process instead of waiting)."""
+    _ABANDONED[:] = [h for h in _ABANDONED if not h.wait(0)[0]]
+    return len(_ABANDONED)
+
+
+def _run(h, tick=None) -> None:
     """``h.run()`` on HiGHS's own solver thread, so that Ctrl-C reaches us while it works: the
-    main thread waits in short steps, and on KeyboardInterrupt asks HiGHS to stop at its next
-    interrupt check (simplex, interior point and branch-and-bound each poll it), waits for that,
-    and re-raises."""
+    main thread waits in short steps (calling ``tick()``, if given, about once a second), and on
+    KeyboardInterrupt asks HiGHS to stop at its next interrupt check and re-raises after at most
+    :data:`CANCEL_WAIT` seconds. Simplex and interior point stop at once; branch and bound may
+    not (its presolve and root do not poll), and is then left to finish on its own thread."""
     h.HandleUserInterrupt = True
     h.startSolve()
+    last = time.perf_counter()
     try:
         while not h.wait(0.05)[0]:
-            pass
+            if tick is not None and time.perf_counter() - last >= 1.0:
+                last = time.perf_counter()
+                tick()
     except KeyboardInterrupt:
         h.cancelSolve()
+        stop = time.perf_counter() + CANCEL_WAIT
         while not h.wait(0.05)[0]:
-            pass
+            if time.perf_counter() > stop:
+                _ABANDONED.append(h)
+                break
         raise
 
 
@@ -302,7 +322,7 @@ def _status(h) -> str:
     return {"time limit reached": "time_limit"}.get(text, text.replace(" ", "_"))
 
 
-def solve_lp_bound(f: Formulation, time_limit: float = 600.0) -> HighsResult:
+def solve_lp_bound(f: Formulation, time_limit: float = 600.0, tick=None) -> HighsResult:
     """LP relaxation by HiGHS's interior point method without crossover; the bound is computed
     from its row duals by :func:`dual_bound`, so it is valid even if the IPM stopped early or
     inexactly (a worse bound, never a wrong one)."""
@@ -312,7 +332,7 @@ def solve_lp_bound(f: Formulation, time_limit: float = 600.0) -> HighsResult:
     # presolve returned a wrong "optimal" value whose duals gave a bound 10% loose (50 x 5,000); with
     # capacity rows it agreed, and off costs nothing here (default scenario: 51 s either way)
     h = _highs(f, False, time_limit, {"solver": "ipm", "run_crossover": "off", "presolve": "off"})
-    _run(h)
+    _run(h, tick)
     status = _status(h)
     sol = h.getSolution()
     bound = None

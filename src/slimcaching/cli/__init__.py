@@ -14,7 +14,9 @@ cluster stop), :mod:`.serve` (serve), :mod:`.replan` (replan).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -40,7 +42,7 @@ from slimcaching.cli import (
     serve,
     solve,
 )
-from slimcaching.cli.common import QUIET, console
+from slimcaching.cli.common import QUIET, acknowledge_ctrl_c, console
 from slimcaching.errors import ScenarioError, SolverBug, missing_extra_line
 from slimcaching.version import package_version
 
@@ -112,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status. Every user error -- a usage error or a ScenarioError
     (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
     argv = _aliases(list(sys.argv[1:] if argv is None else argv))
+    previous = signal.getsignal(signal.SIGINT)
+    acknowledge_ctrl_c()
+    try:
+        return _main(argv)
+    finally:
+        if threading.current_thread() is threading.main_thread() and previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str]) -> int:
     try:
         cmd = get_command(app)  # inside: typer inspects every command here, which takes a moment
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)

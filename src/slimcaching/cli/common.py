@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Annotated
@@ -34,12 +36,33 @@ interpreter's teardown, which takes over a second with torch loaded (see :func:`
 
 
 def finish(code: int) -> int:
-    """The entry points' last step: ``os._exit(code)`` when a command asked for a quick exit."""
-    if QUICK_EXIT["asked"]:
+    """The entry points' last step: ``os._exit(code)`` when a command asked for a quick exit, or
+    when Ctrl-C left a HiGHS solve running on its own thread (branch and bound does not always
+    stop at once; waiting for it would take up to its time limit, and the interpreter's teardown
+    under a running solver thread can crash)."""
+    solver = sys.modules.get("slimcaching.formulation")
+    if QUICK_EXIT["asked"] or (solver is not None and solver.abandoned_solves()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def acknowledge_ctrl_c() -> None:
+    """Ctrl-C answers at once with "stopping..." on stderr, then stops as before (KeyboardInterrupt):
+    a long solve may take a moment to wind down, and a silent terminal invites a second Ctrl-C."""
+
+    def handler(signum, frame):
+        try:
+            sys.stderr.write("stopping...\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # no stderr left: stop all the same
+            pass
+        raise KeyboardInterrupt
+
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # not when SIGINT is ignored
+        signal.signal(signal.SIGINT, handler)
 
 
 def show_progress() -> bool:

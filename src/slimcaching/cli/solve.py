@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from slimcaching.cli.common import (
+    QUIET,
     ScenarioArg,
     console,
     out,
@@ -42,28 +43,25 @@ def solve_cmd(
     co_local: Annotated[bool, typer.Option("--co-local", help="Choose device caches co-activation "
                                            "aware (beyond the paper) instead of the scenario's.")] = False,
     bound: Annotated[bool, typer.Option("--bound", help="Also prove a lower bound on the optimal latency (the "
-                                        "best of the LP relaxation and two fast bounds) and report how near "
+                                        "best of a Lagrangian bound over the servers' contents and, where it "
+                                        "fits in time and memory, the LP relaxation) and report how near "
                                         "optimal the placement is.")] = False,
-    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for --bound (the LP gets "
-                                                    "what the fast bounds leave); past it the best fast bound "
-                                                    "is used.")] = 600.0,
+    bound_time_limit: Annotated[float, typer.Option("--bound-time-limit", help="Seconds for --bound, every stage "
+                                                    "included; the best bound found by then is used.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="The placement as one JSON line on stdout (for pipes) "
                                           "instead of the summary, when no -o is given.")] = False,
 ) -> None:
     """Compute a placement with one algorithm: a short summary (latency, reduction, storage used per
     server), the placement file with -o, or the placement as JSON on stdout with --json."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from slimcaching.algorithms import get_algorithm, solve  # start-up
+    from slimcaching.algorithms import coerce_params, get_algorithm, solve  # start-up
     from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
-    from slimcaching.bounds import certify  # start-up
     from slimcaching.evaluation import placement_latency  # start-up
     from slimcaching.fileio import atomic_write, check_target  # start-up
     from slimcaching.problem import build_problem  # start-up
     from slimcaching.reporting import solve_summary  # start-up
     spec = get_algorithm(algorithm)
-    params = parse_params(param)
+    params = coerce_params(spec, parse_params(param))  # the declared types, for the algorithm and the summary
     if time_limit is not None:
         if not (time_limit > 0 and time_limit < float("inf")):
             raise ScenarioError("--time-limit", "must be a positive number of seconds", time_limit)
@@ -94,16 +92,7 @@ def solve_cmd(
     summary = solve_summary(spec.name, placement, latency, params.get("time_limit", spec.defaults.get("time_limit")),
                             bool(params.get("relax")))
     if bound:
-        t0 = time.perf_counter()
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                      transient=True, disable=not show_progress()) as progress:
-            task = progress.add_task("proving a lower bound", total=None)
-
-            def step(text: str) -> None:  # which bound, and the time so far (a spinner on a terminal only)
-                progress.update(task, description=f"proving a lower bound: {text} "
-                                                  f"({time.perf_counter() - t0:.0f} s so far)")
-
-            summary += certify(problem, placement, latency, bound_time_limit, step)
+        summary += _certify_with_progress(problem, placement, latency, bound_time_limit)
     data = placement.to_dict(problem, latency)
     if output is None and as_json:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
@@ -113,6 +102,39 @@ def solve_cmd(
     else:
         atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
         console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
+
+
+def _certify_with_progress(problem, placement, latency: float, time_limit: float) -> str:
+    """:func:`slimcaching.bounds.certify` with its progress on stderr: a spinner line on a terminal,
+    else (piped, redirected) a plain line at each stage and at most every 5 s, so that a log shows
+    the time moving and the best bound so far."""
+    # start-up: imported when the command runs, so that --help and the others start at once
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from slimcaching.bounds import certify, gap  # start-up
+    t0 = time.perf_counter()
+    shown = {"at": -1e9, "stage": ""}
+
+    def line(stage: str, best: float) -> str:
+        return (f"proving a lower bound: {time.perf_counter() - t0:.0f} s, {stage}; best so far "
+                f"{best * 1e3:.3f} ms (within {gap(latency, best) * 100:.2f}%)")
+
+    live = show_progress()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True, disable=not live) as progress:
+        task = progress.add_task("proving a lower bound", total=None)
+
+        def step(stage: str, best: float) -> None:
+            if live:
+                progress.update(task, description=line(stage, best))
+                return
+            base = stage.split(" (")[0]
+            if QUIET["on"] or (base == shown["stage"] and time.perf_counter() - shown["at"] < 5.0):
+                return
+            shown.update(at=time.perf_counter(), stage=base)
+            console.print(line(stage, best), highlight=False, markup=False, soft_wrap=True)
+
+        return certify(problem, placement, latency, time_limit, step)
 
 
 def _print_summary(problem, placement, latency: float, summary: str) -> None:
