@@ -254,3 +254,60 @@ def test_exact_at_its_time_limit_writes_its_best_placement_and_gap(tmp_path, cap
     assert data["status"] == "time_limit" and data["optimal"] is False
     assert 0 <= data["gap"] < 1 and data["objective_s"] <= data["warm_start_s"] + 1e-12
     assert "time limit of 2 s reached" in err and "gap" in err
+
+
+def test_scenario_new_for_one_model_and_misspelt_presets(tmp_path, capsys):
+    """One preset needs no --models-per-user; a misspelt preset is named as such, on --models,
+    with the nearest name; a bad quantity names its flag; nothing is written on an error."""
+    out = tmp_path / "t.yaml"
+    assert main(["scenario", "new", "-o", str(out), "--models", "olmoe-1b-7b"]) == 0
+    assert out.exists()
+    capsys.readouterr()
+    assert main(["validate", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("ok: 1 model, 5 servers,")
+    bad = tmp_path / "bad.yaml"
+    assert main(["scenario", "new", "-o", str(bad), "--models", "olmoe-1b-7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --models: unknown model preset (did you mean 'olmoe-1b-7b'?)"), err
+    assert main(["scenario", "new", "-o", str(bad), "--uplink", "-50 Mbit/s"]) == 2
+    assert capsys.readouterr().err == "error: --uplink: must be > 0 (got '-50 Mbit/s')\n"
+    assert main(["scenario", "new", "-o", str(bad), "--models", "olmoe-1b-7b", "--models-per-user", "2"]) == 2
+    assert capsys.readouterr().err.startswith("error: --models-per-user: must be at most the number of --models (1)")
+    assert not bad.exists()
+
+
+def test_scenario_new_keeps_an_existing_file_unless_forced(tmp_path, capsys):
+    out = tmp_path / "edge.yaml"
+    out.write_text("# my hand-written scenario\n")
+    assert main(["scenario", "new", "-o", str(out)]) == 2
+    assert "--output: exists; --force overwrites it" in capsys.readouterr().err
+    assert out.read_text() == "# my hand-written scenario\n"
+    assert main(["scenario", "new", "-o", str(out), "--force"]) == 0
+    assert out.read_text() != "# my hand-written scenario\n"
+
+
+def test_typos_and_empty_files_get_a_useful_line(tmp_path, capsys):
+    assert main(["solve", "default", "-a", "slimcachng"]) == 2
+    assert "unknown algorithm (did you mean 'slimcaching'?)" in capsys.readouterr().err
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main(["validate", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "the file is empty" in err and "NoneType" not in err
+
+
+def test_a_bare_number_keeps_its_meaning_in_the_suggestion():
+    """``--budget 102000000`` meant bytes: the suggestion says '102000000 B' or '102 MB', not GB;
+    ``--capacity 2.5`` still gets '2.5 GB'. Every suggestion parses."""
+    import re
+
+    from slimcaching.errors import ScenarioError
+    from slimcaching.units import parse_flag_quantity, parse_quantity
+
+    for value, kind, hint in (("102000000", "bytes", "'102000000 B' or '102 MB'"), ("2.5", "bytes", "'2.5 GB'"),
+                              ("50", "bits_per_s", "'50 Mbit/s'"), ("50000000", "bits_per_s", "'50 Mbit/s'")):
+        with pytest.raises(ScenarioError) as info:
+            parse_flag_quantity(value, kind, "--budget")
+        assert hint in str(info.value), str(info.value)
+        for spelled in re.findall(r"write e.g. (.*?) \(units", str(info.value))[0].split(" or "):
+            parse_quantity(spelled.strip("'"), kind)

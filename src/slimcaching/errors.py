@@ -29,6 +29,14 @@ class ScenarioError(ValueError):
         return new
 
 
+def did_you_mean(name: object, known) -> str:
+    """`` (did you mean 'x'?)`` for the known name nearest to ``name``, or nothing."""
+    import difflib  # start-up: difflib only for a misspelt name
+
+    close = difflib.get_close_matches(str(name).strip().lower(), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 CONTROL_CHARACTERS = "control characters are not allowed in names"
 
 

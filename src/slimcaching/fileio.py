@@ -380,6 +380,9 @@ def read_data_file(path: str | Path) -> dict:
         data = parse_json(text, path, "scenario")
     else:
         data = parse_yaml(text, path, "scenario")
+    if data is None:
+        raise ScenarioError("scenario", f"{path}: the file is empty (a scenario is a mapping: models, servers, "
+                            "users, ...; 'slimcaching scenario new -o FILE' writes one)")
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path}: expected a mapping at the top level", type(data).__name__)
     return data

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slimcaching.errors import ScenarioError
+from slimcaching.errors import ScenarioError, did_you_mean
 
 BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 CLIP_VIT_L14_336 = 303_507_456 + 2 * 1024 * 2560  # vision tower + a 2-layer MLP projector (approx.)
@@ -370,7 +370,8 @@ def resolve_preset(name: str, precision: str = "bf16", field_name: str = "preset
     """Return the SI model fields of a preset at a weight precision."""
     key = name.strip().lower()
     if key not in ARCHS:
-        raise ScenarioError(field_name, f"unknown model preset (known: {', '.join(ARCHS)})", name)
+        raise ScenarioError(field_name, f"unknown model preset{did_you_mean(name, ARCHS)} (known: {', '.join(ARCHS)})",
+                            name)
     if precision not in BYTES_PER_WEIGHT:
         raise ScenarioError(
             "precision", f"unknown precision (known: {', '.join(BYTES_PER_WEIGHT)})", precision

@@ -85,6 +85,22 @@ LIKELY_UNIT = {"bytes": "GB", "bits_per_s": "Mbit/s", "seconds": "ms", "flop": "
                "bytes_per_s": "GB/s", "per_s": "tokens/s"}
 
 
+# bare numbers at least this large were meant in the base unit (102000000 bytes, not 102000000 GB)
+_BASE_UNIT = {"bytes": ("B", 1e4), "bits_per_s": ("bit/s", 1e4), "flop": ("FLOP", 1e6),
+              "flops_per_s": ("FLOP/s", 1e6), "bytes_per_s": ("B/s", 1e4)}
+
+
+def _meant(number: str, kind: str) -> str:
+    """The spelling a bare command-line number most likely meant, keeping its meaning: a large
+    number of bytes stays bytes ('102000000 B' or '102 MB'), a small one gets the usual unit."""
+    base = _BASE_UNIT.get(kind)
+    v = float(number)
+    if base is not None and abs(v) >= base[1]:
+        exp = min(int(math.floor(math.log10(abs(v)) / 3)), 4)
+        return f"'{number} {base[0]}' or '{v / 10 ** (3 * exp):g} {'kMGT'[exp - 1] if exp else ''}{base[0]}'"
+    return f"'{number} {LIKELY_UNIT[kind]}'"
+
+
 def parse_flag_quantity(value: str, kind: str, flag: str) -> float:
     """A quantity given as a command-line option: as :func:`parse_quantity`, except that a number
     without a unit (other than 0) is refused with the spelling that works. In a file a bare number
@@ -92,7 +108,7 @@ def parse_flag_quantity(value: str, kind: str, flag: str) -> float:
     gigabytes, not 2.5 bytes."""
     m = _NUMBER_UNIT.match(value) if isinstance(value, str) else None
     if m and not m.group(2) and float(m.group(1)) != 0:
-        raise ScenarioError(flag, f"needs a unit: write e.g. '{m.group(1)} {LIKELY_UNIT[kind]}' "
+        raise ScenarioError(flag, f"needs a unit: write e.g. {_meant(m.group(1), kind)} "
                             f"(units: {EXAMPLES[kind]})", value)
     return parse_quantity(value, kind, flag)
 

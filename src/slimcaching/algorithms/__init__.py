@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slimcaching.errors import ScenarioError, SolverBug  # noqa: F401  (SolverBug: importable from here too)
+from slimcaching.errors import ScenarioError, SolverBug, did_you_mean  # noqa: F401  (SolverBug: importable from here too)
 from slimcaching.placement import Placement
 from slimcaching.problem import Problem
 
@@ -89,7 +89,8 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     """The registered algorithm ``name``; an unknown name is a :class:`ScenarioError` listing the known ones."""
     _load_all()
     if name not in ALGORITHMS:
-        raise ScenarioError("algorithm", f"unknown algorithm (known: {', '.join(algorithm_names())})", name)
+        raise ScenarioError("algorithm", f"unknown algorithm{did_you_mean(name, ALGORITHMS)} "
+                            f"(known: {', '.join(algorithm_names())})", name)
     return ALGORITHMS[name]
 
 

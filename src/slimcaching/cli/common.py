@@ -120,6 +120,11 @@ def warn_implausible(sc) -> None:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 
 
+def count(n: int, noun: str) -> str:
+    """``1 model``, ``3 models``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def parse_params(items: list[str] | None) -> dict:
     """``-p NAME=VALUE`` options as a mapping (dashes in names become underscores)."""
     params = {}

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from slimcaching.cli.common import ScenarioArg, console, flags, out, read_scenario, warn_implausible
+from slimcaching.cli.common import ScenarioArg, console, count, flags, out, read_scenario, warn_implausible
+from slimcaching.errors import ScenarioError
 from slimcaching.units import parse_flag_quantity
 
 app = typer.Typer()  # commands registered on the main app by slimcaching.cli
@@ -28,8 +29,9 @@ def validate(scenario: ScenarioArg = "default") -> None:
         raise typer.Exit(2) from None
     warn_implausible(sc)
     drift = (f", {len(sc.phases)} phases over {sum(ph.tokens for ph in sc.phases)} tokens" if sc.phases else "")
-    out.print(f"ok: {len(sc.models)} models, {len(sc.servers)} servers, {len(sc.server_links)} links, "
-              f"{len(sc.users)} users, {len(sc.profiles)} profiles{drift}")
+    out.print(f"ok: {count(len(sc.models), 'model')}, {count(len(sc.servers), 'server')}, "
+              f"{count(len(sc.server_links), 'link')}, {count(len(sc.users), 'user')}, "
+              f"{count(len(sc.profiles), 'profile')}{drift}")
 
 
 @app.command()
@@ -53,7 +55,8 @@ def scenario_new(
     users: Annotated[int, typer.Option(min=1, help="Users.")] = 50,
     models: Annotated[str, typer.Option(help="Comma-separated presets.")] = ",".join(
         ("switch-base-8", "moe-llava-stablelm", "llama-moe-3.5b-4-16")),
-    models_per_user: Annotated[int, typer.Option(min=1, help="Models each user requests.")] = 2,
+    models_per_user: Annotated[int | None, typer.Option(min=1, help="Models each user requests (default: 2, or 1 "
+                                                         "when --models names one).")] = None,
     capacity: Annotated[str, typer.Option(help="Edge storage per server.")] = "2.5 GB",
     uplink: Annotated[str, typer.Option(help="User uplink.")] = "50 Mbit/s",
     downlink: Annotated[str, typer.Option(help="User downlink.")] = "100 Mbit/s",
@@ -67,24 +70,44 @@ def scenario_new(
         min=1, help="Geometric layout: each user's home is its nearest server and it reaches its N nearest "
                     "(rates fall with distance; see docs/scenario.md).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
 ) -> None:
     """Generate a scenario file from options."""
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.fileio import atomic_write, check_target, data_file_text
     from slimcaching.generate import GeneratorOptions, generate_scenario_dict
     from slimcaching.limits import check  # start-up
+    from slimcaching.presets import resolve_preset  # start-up
     from slimcaching.scenario import resolve_scenario  # start-up
     check("users", users, "--users", "users")
     check("servers", servers, "--servers", "servers")
     check_target(output, "--output")
-    # the quantity flags are checked as flags, before anything is generated
-    for flag, value, kind in (("--capacity", capacity, "bytes"), ("--uplink", uplink, "bits_per_s"),
-                              ("--downlink", downlink, "bits_per_s"), ("--link-rate", link_rate, "bits_per_s"),
-                              ("--backhaul", backhaul, "bits_per_s"), ("--local-cache", local_cache, "bytes"),
-                              ("--access-rtt", access_rtt, "seconds")):
-        parse_flag_quantity(value, kind, flag)
+    if output.exists() and not force:  # a hand-written scenario (its comments) is not lost by a re-run
+        raise ScenarioError("--output", "exists; --force overwrites it", str(output))
+    # the flags are checked as flags, before anything is generated
+    names = tuple(m.strip() for m in models.split(",") if m.strip())
+    if not names:
+        raise ScenarioError("--models", "needs at least one preset", models)
+    for name in names:
+        with flags(preset="--models"):
+            resolve_preset(name, field_name="preset")
+    if models_per_user is None:
+        models_per_user = min(2, len(names))
+    elif models_per_user > len(names):
+        raise ScenarioError("--models-per-user", f"must be at most the number of --models ({len(names)})",
+                            models_per_user)
+    for flag, value, kind, zero_ok in (("--capacity", capacity, "bytes", True),
+                                       ("--uplink", uplink, "bits_per_s", False),
+                                       ("--downlink", downlink, "bits_per_s", False),
+                                       ("--link-rate", link_rate, "bits_per_s", False),
+                                       ("--backhaul", backhaul, "bits_per_s", False),
+                                       ("--local-cache", local_cache, "bytes", True),
+                                       ("--access-rtt", access_rtt, "seconds", True)):
+        v = parse_flag_quantity(value, kind, flag)
+        if v < 0 or (v == 0 and not zero_ok):
+            raise ScenarioError(flag, "must be >= 0" if zero_ok else "must be > 0", value)
     opts = GeneratorOptions(servers=servers, users=users,
-                            models=tuple(m.strip() for m in models.split(",") if m.strip()),
+                            models=names,
                             models_per_user=models_per_user, capacity=capacity, uplink=uplink,
                             downlink=downlink, link_rate=link_rate, backhaul=backhaul, topology=topology,
                             local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem,
