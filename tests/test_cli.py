@@ -311,3 +311,17 @@ def test_a_bare_number_keeps_its_meaning_in_the_suggestion():
         assert hint in str(info.value), str(info.value)
         for spelled in re.findall(r"write e.g. (.*?) \(units", str(info.value))[0].split(" or "):
             parse_quantity(spelled.strip("'"), kind)
+
+
+def test_a_placement_over_capacity_is_said_in_readable_sizes(tmp_path, capsys):
+    pl = tmp_path / "p.json"
+    assert main(["solve", "default", "-a", "lfu", "-o", str(pl)]) == 0
+    data = json.loads(pl.read_text())
+    server = next(iter(data["edge"]))
+    every = {tuple(k) for items in data["edge"].values() for k in items}
+    data["edge"][server] = [list(k) for k in sorted(every)]  # everything on one server
+    pl.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["evaluate", "default", str(pl)]) == 2
+    err = capsys.readouterr().err
+    assert "GB (edge), more than the server's" in err and "e+0" not in err, err

@@ -24,6 +24,7 @@ from slimcaching.errors import CONTROL_CHARACTERS, ScenarioError, has_control_ch
 from slimcaching.fileio import read_json_text
 from slimcaching.problem import Problem
 from slimcaching.scenario import pydantic_error
+from slimcaching.units import format_bytes
 
 PLACEMENT_FORMAT = "slimcaching/placement@1"
 
@@ -164,8 +165,9 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
     for n, s in enumerate(problem.server_names):
         if not fits(used[n], problem.capacity[n]):
             what = "edge and dense parts" if dense is not None and dense[n].any() else "edge"
-            raise ScenarioError(f"{where}.edge.{s}", f"uses {used[n]:.6g} bytes ({what}), capacity is "
-                                f"{problem.capacity[n]:.6g}")
+            raise ScenarioError(f"{where}.edge.{s}", f"uses {format_bytes(used[n])} ({what}), more than the "
+                                f"server's {format_bytes(problem.capacity[n])} ({used[n]:.0f} > "
+                                f"{problem.capacity[n]:.0f} bytes)")
     local = None
     if pin.local is not None:
         local = {}
