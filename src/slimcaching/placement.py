@@ -165,8 +165,8 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
     for n, s in enumerate(problem.server_names):
         if not fits(used[n], problem.capacity[n]):
             what = "edge and dense parts" if dense is not None and dense[n].any() else "edge"
-            raise ScenarioError(f"{where}.edge.{s}", f"uses {format_bytes(used[n])} ({what}), more than the "
-                                f"server's {format_bytes(problem.capacity[n])} ({used[n]:.0f} > "
+            raise ScenarioError(f"{where}.edge.{s}", f"uses {format_bytes(used[n])} ({what}), more than its "
+                                f"capacity of {format_bytes(problem.capacity[n])} ({used[n]:.0f} > "
                                 f"{problem.capacity[n]:.0f} bytes)")
     local = None
     if pin.local is not None:

@@ -264,7 +264,7 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
             # come from the last kicks of the neighbourhood (spread sets), finish their scan
             if used - mark_work >= max(window, 4 * per_kick, MIN_WINDOW):
                 if (mark_best - best) / mark_best < min_gain * (used - mark_work) / 1e9:
-                    stopped = f"gain per work below {min_gain:g} per 1e9 units"
+                    stopped = "no longer improving"
                     last_window = {"work": used - mark_work, "gain": (mark_best - best) / mark_best}
                     break
                 mark_work, mark_best = used, best

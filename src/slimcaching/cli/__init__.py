@@ -71,8 +71,20 @@ def _main_options(
     QUIET["on"] = quiet
 
 
-def usage_line(exc) -> str:
-    """One line ``<field>: <message>`` for a command-line usage error (instead of a usage box)."""
+def _given(argv: list[str], names) -> str | None:
+    """The value given on the command line for the option ``names`` (``--x V`` or ``--x=V``)."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def usage_line(exc, argv: list[str] | None = None) -> str:
+    """One line ``<field>: <message> (got <value>)`` for a command-line usage error (instead of
+    a usage box); the value is read back from ``argv`` when the message does not show it."""
     if isinstance(exc, BadParameter):
         hint = exc.param_hint or (exc.param.get_error_hint() if exc.param is not None else None)
         if isinstance(hint, (list, tuple)):
@@ -84,6 +96,10 @@ def usage_line(exc) -> str:
                             ("Input should be greater than", "must be >"), ("Input should be less than", "must be <"),
                             ("Input should be a valid", "expected a valid")):
             msg = msg.replace(long, short)
+        opts = getattr(exc.param, "opts", None) or []
+        value = _given(argv or [], opts) if opts else None
+        if value is not None and repr(value) not in msg and value not in msg:
+            msg += f" (got {value!r})"
         return f"{hint}: {msg}"
     if isinstance(exc, NoSuchOption):
         maybe = f" (did you mean {exc.possibilities[0]}?)" if exc.possibilities else ""
@@ -135,7 +151,7 @@ def _main(argv: list[str]) -> int:
         console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
         return 2
     except UsageError as exc:
-        console.print(f"[red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(usage_line(exc, argv))}", highlight=False, soft_wrap=True)
         return 2
     except Exit as exc:
         if exc.exit_code == 130 and _from_ctrl_c(exc):  # typer turns Ctrl-C into Exit(130), silently

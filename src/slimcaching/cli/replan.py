@@ -85,13 +85,15 @@ def replan_cmd(
     data = pl.to_dict(problem, t_new)
     data["migration"] = mig
     atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    per_token = 1e3 / max(h, 1e-300)  # token-seconds over the horizon -> ms per token on average
     line = (f"replan ({algorithm}, horizon {h:.3g} tokens): {t_old * 1e3:.3f} -> {t_new * 1e3:.3f} ms per token; "
             f"moves {mig['copies_added']} copies, {format_bytes(mig['bytes_moved'])} in {mig['seconds']:.2f} s "
-            f"(impact {mig['impact_token_s']:.4g} token-s); objective {mig['objective_token_s']:.6g} token-s "
-            f"(staying: {mig['old_objective_token_s']:.6g})")
+            f"(the moves slow the horizon's tokens by {mig['impact_token_s'] * per_token:.3f} ms each on average); "
+            f"{mig['objective_token_s'] * per_token:.3f} ms per token over the horizon, moves included "
+            f"(staying: {mig['old_objective_token_s'] * per_token:.3f} ms)")
     if lb is not None:
         gap = (mig["objective_token_s"] - lb) / max(abs(mig["objective_token_s"]), 1e-300)
-        line += f"; lower bound {lb:.6g} (within {gap:.2%})"
+        line += f"; lower bound {lb * per_token:.3f} ms (within {gap:.2%})"
     if info.get("status"):
         line += f"; MILP {info['status']}"
     console.print(f"{line}; wrote {output}", highlight=False, soft_wrap=True)
@@ -99,5 +101,6 @@ def replan_cmd(
         secs = mig["seconds"]
         console.print(f"warning: counting the transfers' {secs:.3g} s ({secs * problem.total_rate:.3g} tokens; each "
                       "copy serves from its arrival), the move does not pay within the horizon "
-                      f"({mig['staged_objective_token_s']:.6g} token-s against {mig['old_objective_token_s']:.6g} "
-                      "staying): a longer --horizon, or keep the current placement", highlight=False, soft_wrap=True)
+                      f"({mig['staged_objective_token_s'] * per_token:.3f} against "
+                      f"{mig['old_objective_token_s'] * per_token:.3f} ms per token staying): a longer --horizon, "
+                      "or keep the current placement", highlight=False, soft_wrap=True)
