@@ -31,7 +31,7 @@ test: $(VENV)/.full
 	$(BIN)/python -m pytest -q -n auto --doctest-modules src/slimcaching tests
 
 runtime-demo: $(VENV)/.full
-	$(BIN)/python -m slimcaching.runtime.tiny examples/runtime/tiny-moe
+	$(BIN)/python -m slimcaching.runtime.model.tiny examples/runtime/tiny-moe
 	$(BIN)/slimcaching solve examples/runtime/scenario.yaml -a slimcaching -o examples/runtime/placement.json
 	$(BIN)/slimcaching cluster run examples/runtime/scenario.yaml examples/runtime/placement.json \
 	    --model examples/runtime/tiny-moe --prompts examples/runtime/prompts.txt --max-new-tokens 16 --pace \

@@ -52,8 +52,8 @@ import yaml
 
 ECHO = r'''
 import sys, time, zmq
-from slimcaching.runtime import protocol
-from slimcaching.runtime.linkemu import sleep_until
+from slimcaching.runtime.net import protocol
+from slimcaching.runtime.net.linkemu import sleep_until
 ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.setsockopt(zmq.LINGER, 0)
 if len(sys.argv) > 2:  # CURVE, as the runtime's sockets: public and secret key
     s.curve_server = True; s.curve_publickey = sys.argv[1].encode(); s.curve_secretkey = sys.argv[2].encode()
@@ -90,7 +90,7 @@ def _echo(curve: bool = False):
 
 
 def _stop(p, s):
-    from slimcaching.runtime import protocol
+    from slimcaching.runtime.net import protocol
 
     s.send_multipart(protocol.encode({"op": "shutdown", "id": 0}))
     p.wait(5)
@@ -98,7 +98,7 @@ def _stop(p, s):
 
 
 def bench_transport() -> dict:
-    from slimcaching.runtime import protocol
+    from slimcaching.runtime.net import protocol
 
     p, s = _echo()
     out = {}
@@ -126,8 +126,8 @@ def bench_transport() -> dict:
 
 
 def bench_emulation() -> dict:
-    from slimcaching.runtime import protocol
-    from slimcaching.runtime.linkemu import Link
+    from slimcaching.runtime.net import protocol
+    from slimcaching.runtime.net.linkemu import Link
 
     p, s = _echo()
     rows = []
@@ -206,7 +206,7 @@ def _run(sc, pl, model, tmp, *extra, tokens=16) -> dict:
 
 
 def _model(tmp: Path, **kw) -> Path:
-    from slimcaching.runtime.tiny import build_tiny_model
+    from slimcaching.runtime.model.tiny import build_tiny_model
 
     d = tmp / ("model-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items())))
     if not d.exists():
@@ -250,7 +250,7 @@ def raw_round_trip(hidden: int, gap_s: float, n: int = 1500) -> float:
     """Median round trip of one layer-sized message (1 x ``hidden`` float32) through pyzmq with
     CURVE to an echo process, the sender busy for ``gap_s`` between messages (as a device computing
     its dense part): the transport's time, with no runtime code on either side."""
-    from slimcaching.runtime import protocol
+    from slimcaching.runtime.net import protocol
 
     p, s = _echo(curve=True)
     x = np.zeros((1, hidden), np.float32)
@@ -365,7 +365,7 @@ def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), a
     from slimcaching.evaluation import placement_breakdown, problem_for
     from slimcaching.placement import load_placement
     from slimcaching.problem import build_problem
-    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
+    from slimcaching.runtime.harness.calibrate import calibrate, dense_gap_s, message_overhead
     from slimcaching.scenario import load_scenario
 
     model = _model(tmp, layers=3, experts=6)
@@ -451,7 +451,7 @@ def bench_unlike(tmp: Path, runs: int = 2, tokens: int = 12) -> dict:
     """The calibrated model against paced runs on :func:`unlike_scenario`, every architecture,
     ``runs`` times in a row (calibrated once, as a user would): per run and architecture the
     median and mean per-token ratio of measured to predicted."""
-    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
+    from slimcaching.runtime.harness.calibrate import calibrate, dense_gap_s, message_overhead
 
     model = _model(tmp, family="qwen3_moe", layers=4, experts=8)
     cal = calibrate(str(model))
@@ -490,10 +490,10 @@ def bench_hops(tmp: Path, rounds: int = 400) -> dict:
 
     import torch
 
-    from slimcaching.runtime.cluster import load_context
-    from slimcaching.runtime.node import NodeServer
-    from slimcaching.runtime.protocol import RunRequest, parse
-    from slimcaching.runtime.weights import load_experts
+    from slimcaching.runtime.cluster.context import load_context
+    from slimcaching.runtime.model.weights import load_experts
+    from slimcaching.runtime.net.protocol import RunRequest, parse
+    from slimcaching.runtime.node.server import NodeServer
 
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)  # as in a node process (node.run_node)

@@ -44,7 +44,7 @@ def measured_profile(preset: str, task: str, tokens: int = 1000) -> Path:
     token its own co-activation set), the planner's hard case for wide top-K. Cached on disk."""
     from slimcaching.cli import main as cli
     from slimcaching.presets import resolve_preset
-    from slimcaching.runtime.tiny import build_tiny_model
+    from slimcaching.runtime.model.tiny import build_tiny_model
 
     arch = resolve_preset(preset)
     out = CACHE / f"{preset}-{task}-{tokens}.json"

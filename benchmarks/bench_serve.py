@@ -19,7 +19,7 @@ devices' own mean time per decoded token and the latency model's no-load time fo
 (from /metrics), and the nodes' batches (mean requests per batch).
 
 Beside each row: ``simulate --queueing`` for the same users at the token rate each achieved, with
-the same batching (:func:`slimcaching.runtime.session.simulate_at_rates`): the latency model's
+the same batching (:func:`slimcaching.runtime.harness.run.simulate_at_rates`): the latency model's
 per-token mean and p95 / p99 at that load. The serving process runs every user's device on this
 machine's cores: where it saturates, measured times grow beyond the model's (which gives every
 user a phone of its own), and the gap is the serving host's CPU, not the cluster.
@@ -61,7 +61,7 @@ PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7 w3", "w20 w11 w5 w6", "w3 w3 w8 w40"]
 
 def setup(root: Path, users: int = 16) -> tuple[Path, Path, Path]:
     from slimcaching.cli import main
-    from slimcaching.runtime.tiny import build_tiny_model
+    from slimcaching.runtime.model.tiny import build_tiny_model
 
     model = build_tiny_model(root / "tiny", hidden=64, intermediate=128, layers=2, experts=8, top_k=2)
     data = dict(SCENARIO, models=[{"name": "tiny", "hf": str(model)}],
@@ -207,8 +207,8 @@ def main(argv=None) -> int:
     tools = [t.split("=", 1) for t in a.tool]
     if any(len(t) != 2 or t[0] not in ("guidellm", "aiperf") for t in tools):
         raise SystemExit("--tool: expected guidellm=PATH or aiperf=PATH")
-    from slimcaching.runtime.cluster import load_context
-    from slimcaching.runtime.session import simulate_at_rates
+    from slimcaching.runtime.cluster.context import load_context
+    from slimcaching.runtime.harness.run import simulate_at_rates
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

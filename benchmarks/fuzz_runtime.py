@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def _model(tmp: Path):
     from runtime_helpers import all_edge_placement, scenario_dict, write_scenario
-    from slimcaching.runtime.cluster import load_context
+    from slimcaching.runtime.cluster.context import load_context
     from test_hf import _build
 
     d = tmp / "qwen3_moe"
@@ -53,10 +53,10 @@ def attacks(ctx, sc, pl, d, tmp: Path) -> dict:
     import zmq
 
     from fuzz_wire import valid_request
-    from slimcaching.runtime import protocol
-    from slimcaching.runtime.launch import LocalCluster
-    from slimcaching.runtime.protocol import RunRequest
-    from slimcaching.runtime.security import ephemeral_keyrings
+    from slimcaching.runtime.harness.launch import LocalCluster
+    from slimcaching.runtime.net import protocol
+    from slimcaching.runtime.net.protocol import RunRequest
+    from slimcaching.runtime.net.security import ephemeral_keyrings
 
     lay = ctx.layout
     zctx = zmq.Context()

@@ -73,7 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
-    from slimcaching.runtime.tiny import build_tiny_model
+    from slimcaching.runtime.model.tiny import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="trace-request-"))
     model = build_tiny_model(tmp / "mixtral", layers=2, experts=4, top_k=2)
@@ -109,8 +109,8 @@ def main() -> None:
         procs[name] = d["rows"]
     dev = procs["device"]
     # the device's last decoded token: its model forward hooks (device.generate's pre and post)
-    pre = [t for t, _, m, _, fn in dev if m == "slimcaching.runtime.device" and fn == "pre"]
-    post = [t for t, _, m, _, fn in dev if m == "slimcaching.runtime.device" and fn == "post"]
+    pre = [t for t, _, m, _, fn in dev if m == "slimcaching.runtime.device.offload" and fn == "pre"]
+    post = [t for t, _, m, _, fn in dev if m == "slimcaching.runtime.device.offload" and fn == "post"]
     t1 = post[-1]
     t0 = max(t for t in pre if t < t1)
     out = {"window_ms": 1e3 * (t1 - t0), "processes": {}}

@@ -18,8 +18,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slimcaching.runtime import protocol
-from slimcaching.runtime.protocol import RunRequest
+from slimcaching.runtime.net import protocol
+from slimcaching.runtime.net.protocol import RunRequest
 
 ODD = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                 st.text(max_size=20), st.binary(max_size=20), st.lists(st.integers(-3, 10), max_size=4),
@@ -116,7 +116,7 @@ def valid_request(ctx, node: str, rid: int, user: str = "u0"):
     """A run request that ``node`` serves itself, and the output it must give."""
     import torch
 
-    from slimcaching.runtime.weights import run_expert
+    from slimcaching.runtime.model.weights import run_expert
 
     layer, e = sorted(ctx.layout.held[node])[0]
     x = np.random.default_rng(rid % 1000).standard_normal((2, ctx.layout.hidden_size)).astype(np.float32)
@@ -130,7 +130,7 @@ def run_wire_fuzz(ctx, examples: int, seed: int = 0) -> dict:
     import zmq
 
     from runtime_helpers import thread_cluster
-    from slimcaching.runtime.security import ADMIN, ephemeral_keyrings
+    from slimcaching.runtime.net.security import ADMIN, ephemeral_keyrings
 
     rings = ephemeral_keyrings(list(ctx.layout.nodes) + sorted(ctx.layout.homes) + [ADMIN])
     counts = collections.Counter()

@@ -61,7 +61,7 @@ def thread_cluster(ctx, *, emulate: bool = False, pace: bool = False, deadline_f
     """Every node of ``ctx.layout`` as a NodeServer thread on 127.0.0.1:0; yields (servers, addresses).
     With ``keyrings`` (name -> Keyring) every node is a CURVE server with its own key."""
     from slimcaching.runtime.config import RuntimeConfig
-    from slimcaching.runtime.node import NodeServer
+    from slimcaching.runtime.node.server import NodeServer
 
     config = RuntimeConfig(emulate=emulate, pace=pace, deadline_floor_s=deadline_floor_s, retry_after_s=retry_after_s,
                            max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)

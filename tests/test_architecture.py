@@ -164,6 +164,64 @@ def test_the_layering_rule_can_fail():
     assert layering_violations(g) == ["slimcaching.problem -> slimcaching.runtime.node"]
 
 
+# inside the runtime, by subpackage: a rank each; a module imports only its own subpackage and lower
+# ranks. node and device share a rank and never import each other (a node is not a device).
+RUNTIME_RANK = {"config": 0, "model": 1, "cluster": 2, "net": 3, "node": 4, "device": 4, "harness": 5, "serving": 6}
+
+
+def _runtime_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["slimcaching", "runtime"] else None
+
+
+def runtime_violations(graph: nx.DiGraph) -> list[str]:
+    bad = []
+    for a, b in graph.edges:
+        pa, pb = _runtime_part(a), _runtime_part(b)
+        if pa is None or pb is None or pa == pb:
+            continue
+        if RUNTIME_RANK[pb] >= RUNTIME_RANK[pa]:
+            bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_runtime_subpackages_import_only_downwards():
+    """config < model < cluster < net < node | device < harness < serving (docs/development.md)."""
+    g = import_graph()
+    parts = {_runtime_part(m) for m in g.nodes if _runtime_part(m)}
+    assert parts <= set(RUNTIME_RANK) | {"__init__"}, parts - set(RUNTIME_RANK)
+    bad = runtime_violations(g)
+    assert not bad, "runtime layering broken: " + "; ".join(bad)
+
+
+def test_the_runtime_layering_rule_can_fail():
+    g = import_graph()
+    g.add_edge("slimcaching.runtime.node.server", "slimcaching.runtime.device.offload")  # node -> device
+    g.add_edge("slimcaching.runtime.net.transport", "slimcaching.runtime.harness.launch")  # upwards
+    assert runtime_violations(g) == ["slimcaching.runtime.net.transport -> slimcaching.runtime.harness.launch",
+                                     "slimcaching.runtime.node.server -> slimcaching.runtime.device.offload"]
+
+
+def test_the_runtime_map_lists_every_module_once():
+    """docs/development.md's map of the runtime names every module exactly once, and no other."""
+    import re
+
+    text = (PACKAGE.parents[1] / "docs" / "development.md").read_text()
+    section = text.split("### The runtime", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    listed = re.findall(r"^\| `(runtime/[\w/]+\.py)` \|", section, re.M)
+    actual = sorted(str(p.relative_to(PACKAGE)) for p in (PACKAGE / "runtime").rglob("*.py"))
+    assert sorted(listed) == actual, (sorted(set(actual) - set(listed)), sorted(set(listed) - set(actual)))
+    assert len(listed) == len(set(listed)), "listed twice"
+
+
+def test_no_runtime_class_is_over_350_lines():
+    sizes = {f"{name}.{node.name}": node.end_lineno - node.lineno + 1
+             for name, path in MODULES.items() if name.startswith("slimcaching.runtime")
+             for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
+    big = {k: v for k, v in sizes.items() if v > 350}
+    assert not big, big
+
+
 def test_only_the_cli_imports_typer():
     bad = []
     for name, path in MODULES.items():
@@ -178,15 +236,15 @@ def test_only_the_cli_imports_typer():
 
 
 def test_serving_does_not_pass_through_the_cluster_run_harness():
-    """``serve``'s engine reaches devices through runtime.client, never through ``cluster run``'s
+    """``serve``'s engine reaches devices through runtime.device.modes, never through ``cluster run``'s
     harness (session) or its launcher (imports inside functions count)."""
-    reach = nx.descendants(import_graph(), "slimcaching.runtime.engine")
-    assert "slimcaching.runtime.client" in reach
-    assert not reach & {"slimcaching.runtime.session", "slimcaching.runtime.launch"}, sorted(reach)
+    reach = nx.descendants(import_graph(), "slimcaching.runtime.serving.engine")
+    assert "slimcaching.runtime.device.modes" in reach
+    assert not reach & {"slimcaching.runtime.harness.run", "slimcaching.runtime.harness.launch"}, sorted(reach)
 
 
 def test_one_peer_health_tracker():
-    """Failed peers are banned in one place (runtime/health.py), not by a dict per sender."""
+    """Failed peers are banned in one place (runtime/net/health.py), not by a dict per sender."""
     bad = [name for name, path in MODULES.items()
            if name.startswith("slimcaching.runtime.") and "dead_until" in path.read_text()]
     assert not bad, bad
@@ -211,10 +269,10 @@ def _uses_pyzmq(path: Path) -> bool:
 
 
 def test_one_transport():
-    """Sockets are made, polled and read in runtime/transport.py (and CURVE set up in
-    runtime/security.py): a new transport replaces those two modules, not every sender."""
+    """Sockets are made, polled and read in runtime/net/transport.py (and CURVE set up in
+    runtime/net/security.py): a new transport replaces those two modules, not every sender."""
     users = sorted(name for name, path in MODULES.items() if _uses_pyzmq(path))
-    assert users == ["slimcaching.runtime.security", "slimcaching.runtime.transport"], users
+    assert users == ["slimcaching.runtime.net.security", "slimcaching.runtime.net.transport"], users
 
 
 def test_the_transport_rule_can_fail(tmp_path):

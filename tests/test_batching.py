@@ -1,4 +1,4 @@
-"""Batching across requests at a node (runtime/executor.py) and in ``simulate --queueing``:
+"""Batching across requests at a node (runtime/node/executor.py) and in ``simulate --queueing``:
 batched outputs equal unbatched ones, a paced batch takes the roofline of its work, batches form
 only from requests that wait anyway and close at their size, concurrent users through a paced
 cluster get the model's tokens with batches formed, and the simulator batches the same way
@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("zmq")
 
 from runtime_helpers import all_edge_placement, scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.executor import Batcher, ExpertExecutor, Job  # noqa: E402
-from slimcaching.runtime.session import Device, RunOptions, _reference  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.harness.run import Device, RunOptions, _reference  # noqa: E402
+from slimcaching.runtime.node.executor import Batcher, ExpertExecutor, Job  # noqa: E402
 from test_hf import _build  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]

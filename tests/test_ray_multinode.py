@@ -150,7 +150,7 @@ def test_a_node_actor_ray_cancelled_before_it_ran_is_started_once_more(monkeypat
     import ray
 
     from slimcaching.errors import ScenarioError
-    from slimcaching.runtime.launch import RayNode
+    from slimcaching.runtime.harness.launch import RayNode
 
     node = RayNode("e0", {}, "127.0.0.1")
     spawns, left = [], list(failures)

@@ -15,8 +15,8 @@ from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario
 from slimcaching.evaluation import placement_breakdown, problem_for  # noqa: E402
 from slimcaching.placement import load_placement  # noqa: E402
 from slimcaching.problem import build_problem  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.session import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.harness.run import RunOptions, _reference, device_session  # noqa: E402
 from slimcaching.scenario import load_scenario  # noqa: E402
 from test_hf import _build  # noqa: E402
 

@@ -14,10 +14,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("zmq")
 
 from runtime_helpers import all_edge_placement, scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
-from slimcaching.runtime import admin, protocol  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.security import allowed  # noqa: E402
-from slimcaching.runtime.session import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.harness import admin  # noqa: E402
+from slimcaching.runtime.harness.run import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.net import protocol  # noqa: E402
+from slimcaching.runtime.net.security import allowed  # noqa: E402
 from test_hf import _build  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]

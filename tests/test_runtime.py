@@ -27,9 +27,9 @@ from runtime_helpers import (  # noqa: E402
     write_scenario,
 )
 from slimcaching.cli import main  # noqa: E402
-from slimcaching.runtime import protocol  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.session import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.harness.run import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.net import protocol  # noqa: E402
 from test_hf import _build, _configs  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]
@@ -187,7 +187,7 @@ def test_stamp_encodes_once_and_charges_the_size_without_the_arrival_time():
 
 
 def test_output_array_is_to_numpy_in_fewer_calls():
-    from slimcaching.runtime.tensors import output_array, to_numpy
+    from slimcaching.runtime.model.tensors import output_array, to_numpy
 
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     a = output_array(t)
@@ -198,7 +198,7 @@ def test_output_array_is_to_numpy_in_fewer_calls():
 
 
 def test_experts_run_directly_only_when_bit_identical(model_dirs, tmp_path, monkeypatch):
-    from slimcaching.runtime import weights
+    from slimcaching.runtime.model import weights
 
     d = model_dirs("mixtral")
     sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB", cache="4 kB"))
@@ -251,7 +251,7 @@ def test_node_rejects_malformed_messages_and_keeps_serving(model_dirs, tmp_path)
 
 
 def test_link_emulation_schedules_like_the_model():
-    from slimcaching.runtime.linkemu import Link, schedule_path
+    from slimcaching.runtime.net.linkemu import Link, schedule_path
 
     link = Link(8e6, 0.005)  # 1 MB/s, 5 ms one way
     assert link.schedule(1000, 10.0) == pytest.approx(10.0 + 0.001 + 0.005)
@@ -509,7 +509,7 @@ def test_nodes_stop_when_the_launcher_is_killed(model_dirs, tmp_path):
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from slimcaching.runtime.launch import LocalCluster\n"
+        "from slimcaching.runtime.harness.launch import LocalCluster\n"
         f"c = LocalCluster(['e0', 'e1', 'cloud'], {str(sc)!r}, {str(pl)!r}, {str(d)!r}, 'tiny',\n"
         f"                 Path({str(tmp_path)!r}))\n"
         "c.__enter__()\n"
@@ -579,8 +579,8 @@ def test_node_and_generate_commands_across_a_cluster_file(model_dirs, tmp_path, 
         assert main(["cluster", "status", "--cluster", str(cluster), "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
         assert all(status[n]["alive"] for n in ("e0", "e1", "cloud"))
-        from slimcaching.runtime import admin
-        from slimcaching.runtime.security import load_keyring
+        from slimcaching.runtime.harness import admin
+        from slimcaching.runtime.net.security import load_keyring
 
         why = admin.shutdown(f"tcp://127.0.0.1:{ports[0]}", keyring=load_keyring(tmp_path / "keys", "u0"), node="e0")
         assert why is not None and "only 'admin'" in why and procs[0].poll() is None
@@ -629,7 +629,7 @@ def test_calibrate_prints_flops_and_message_overhead(model_dirs, capsys):
 def _calibrated_and_bare_ratios(d, tmp_path) -> tuple[float, float]:
     """Calibrate, run paced on fast links; the median measured/predicted ratio per decoded token
     with the calibrated model and with the same model without the overhead."""
-    from slimcaching.runtime.calibrate import calibrate, dense_gap_s, message_overhead
+    from slimcaching.runtime.harness.calibrate import calibrate, dense_gap_s, message_overhead
 
     cal = calibrate(str(d), tokens=8)
     o = message_overhead(str(d), rounds=30, gap_s=dense_gap_s(cal))["message_overhead_s"]
@@ -678,9 +678,9 @@ def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
 _PEAK = r"""
 import json, sys
 from slimcaching.hf import load_model
-from slimcaching.runtime.cluster import load_context
-from slimcaching.runtime.device import load_device_model
-from slimcaching.runtime.session import peak_rss_bytes
+from slimcaching.runtime.cluster.context import load_context
+from slimcaching.runtime.device.offload import load_device_model
+from slimcaching.runtime.harness.run import peak_rss_bytes
 
 
 def fresh_peak():  # Linux: reset the peak to the current RSS (/proc/self/clear_refs, "5")
@@ -742,7 +742,7 @@ import sys
 for m in ("torch", "transformers", "safetensors", "tokenizers"):
     sys.modules[m] = None  # as on a core install
 if sys.argv[1] == "tiny":
-    from slimcaching.runtime.tiny import main
+    from slimcaching.runtime.model.tiny import main
     sys.exit(main(sys.argv[2:]))
 from slimcaching.cli import main
 sys.exit(main(sys.argv[1:]))

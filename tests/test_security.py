@@ -22,12 +22,12 @@ zmq = pytest.importorskip("zmq")
 from runtime_helpers import all_edge_placement, scenario_dict, thread_cluster, write_scenario  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
 from slimcaching.errors import ScenarioError  # noqa: E402
-from slimcaching.runtime import protocol  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.protocol import RunRequest  # noqa: E402
-from slimcaching.runtime.security import ADMIN, ephemeral_keyrings, load_keyring  # noqa: E402
-from slimcaching.runtime.session import RunOptions, _reference, device_session  # noqa: E402
-from slimcaching.runtime.weights import run_expert  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.harness.run import RunOptions, _reference, device_session  # noqa: E402
+from slimcaching.runtime.model.weights import run_expert  # noqa: E402
+from slimcaching.runtime.net import protocol  # noqa: E402
+from slimcaching.runtime.net.protocol import RunRequest  # noqa: E402
+from slimcaching.runtime.net.security import ADMIN, ephemeral_keyrings, load_keyring  # noqa: E402
 from test_hf import _build  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.timeout(300)]
@@ -164,7 +164,7 @@ def test_a_node_that_takes_peers_from_its_file_refuses_configure(setup):
 
 
 def test_without_keys_a_node_listens_on_loopback_only(setup):
-    from slimcaching.runtime.node import run_node
+    from slimcaching.runtime.node.process import run_node
 
     with pytest.raises(ScenarioError, match="loopback only"):
         run_node(setup[0], "e0", host="0.0.0.0", port=0)

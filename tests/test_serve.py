@@ -31,11 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
 from slimcaching.hf import load_model  # noqa: E402
-from slimcaching.runtime.cluster import load_context  # noqa: E402
-from slimcaching.runtime.engine import Busy, Engine, Job  # noqa: E402
-from slimcaching.runtime.sampling import SamplingParams  # noqa: E402
-from slimcaching.runtime.serve import HTTPServer, bind_http, build_api  # noqa: E402
-from slimcaching.runtime.session import RunOptions  # noqa: E402
+from slimcaching.runtime.cluster.context import load_context  # noqa: E402
+from slimcaching.runtime.device.sampling import SamplingParams  # noqa: E402
+from slimcaching.runtime.harness.run import RunOptions  # noqa: E402
+from slimcaching.runtime.serving.engine import Busy, Engine, Job  # noqa: E402
+from slimcaching.runtime.serving.serve import HTTPServer, bind_http, build_api  # noqa: E402
 from test_hf import _build  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.serve, pytest.mark.timeout(300)]
@@ -458,7 +458,7 @@ def test_serve_joins_running_nodes_from_a_cluster_file(tmp_path, model_dir, refe
 
 
 def test_a_node_serves_its_own_metrics(tmp_path, model_dir):
-    from slimcaching.runtime.metrics import serve_node_metrics
+    from slimcaching.runtime.node.metrics import serve_node_metrics
 
     ctx, _ = _served(tmp_path, model_dir, "slimcaching", users=2)
     opts = RunOptions("", "", str(ctx.model_dir), ctx.layout.model, emulate=False, reference=False,

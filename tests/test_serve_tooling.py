@@ -30,9 +30,9 @@ openai = pytest.importorskip("openai")
 
 from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
 from slimcaching.hf import load_model  # noqa: E402
-from slimcaching.runtime.assign import Assigner, stable_fraction  # noqa: E402
-from slimcaching.runtime.openai_api import NO_EFFECT, REFUSED, ChatRequest, CompletionRequest  # noqa: E402
-from slimcaching.runtime.sampling import Decoding, SamplingParams  # noqa: E402
+from slimcaching.runtime.device.sampling import Decoding, SamplingParams  # noqa: E402
+from slimcaching.runtime.serving.assign import Assigner, stable_fraction  # noqa: E402
+from slimcaching.runtime.serving.http.schemas import NO_EFFECT, REFUSED, ChatRequest, CompletionRequest  # noqa: E402
 from test_serve import (  # noqa: E402,F401 - model_dir, reference and slim: the fixtures, shared
     FLOOR,
     MODEL,
@@ -410,9 +410,9 @@ def test_kill_9_leaves_no_node_and_no_keys(tmp_path, model_dir):
 
 # ---- devices in worker processes -------------------------------------------------------------------
 def test_device_pool_serves_as_the_threads_do(tmp_path, model_dir, reference):
-    from slimcaching.runtime.device_pool import DevicePool
-    from slimcaching.runtime.serve import HTTPServer, bind_http, build_api
-    from slimcaching.runtime.session import RunOptions
+    from slimcaching.runtime.harness.run import RunOptions
+    from slimcaching.runtime.serving.device_pool import DevicePool
+    from slimcaching.runtime.serving.serve import HTTPServer, bind_http, build_api
 
     ctx, _ = _served(tmp_path, model_dir, "slimcaching")
     opts = RunOptions("", "", str(ctx.model_dir), ctx.layout.model, emulate=False, reference=False,

@@ -16,7 +16,7 @@ Beyond the analytic model, which assumes every server and backhaul is idle. Assu
 * requests are served in the order tokens reach the layer (FIFO by request time), and the
   first ``warmup`` share of tokens is discarded;
 * with ``max_batch > 1``, batching across requests as the runtime's nodes do it
-  (runtime/executor.py): a job that reaches a server before the server's last queued job of the
+  (runtime/node/executor.py): a job that reaches a server before the server's last queued job of the
   same (model, layer) has started joins it, as long as no expert of the batch runs more than
   ``max_batch`` tokens; the batch then takes the roofline of its work, ``exec_n(b x flops,
   bytes)`` with b its widest expert (weights read once), and every member finishes with it.

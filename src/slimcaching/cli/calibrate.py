@@ -26,7 +26,7 @@ def calibrate_cmd(
     """Measure this machine's dense and expert times for a model and the runtime's per-message
     overhead; print the flops and message_overhead_s that make a scenario match them."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.runtime.calibrate import calibrate, calibration_rows, dense_gap_s, message_overhead
+    from slimcaching.runtime.harness.calibrate import calibrate, calibration_rows, dense_gap_s, message_overhead
     with flags(model="--model"):
         r = calibrate(str(model), tokens)
         if rounds:

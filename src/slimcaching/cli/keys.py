@@ -37,7 +37,7 @@ def keys_cmd(
 ) -> None:
     """Write a CURVE key pair per name: NAME.key (public) and NAME.key_secret (private, mode 0600)."""
     _require_zmq()
-    from slimcaching.runtime.security import generate_keys  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.net.security import generate_keys  # optional extra (runtime: pyzmq)
 
     written = generate_keys(directory, [n.strip() for n in names.split(",") if n.strip()])
     console.print(f"wrote {len(written) // 2} key pairs to {directory} (give each host its NAME.key_secret "
@@ -46,9 +46,9 @@ def keys_cmd(
 
 def _nodes(cluster: Path, node: str | None):
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.runtime.cluster import cluster_file_data, read_cluster_file
+    from slimcaching.runtime.cluster.context import cluster_file_data, read_cluster_file
     _require_zmq()
-    from slimcaching.runtime.security import ADMIN, load_keyring  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.net.security import ADMIN, load_keyring  # optional extra (runtime: pyzmq)
 
     data = cluster_file_data(cluster)
     entries = data.get("nodes")
@@ -70,7 +70,7 @@ def status_cmd(
                                         "exit 2 if some never answered.")] = 0.0,
 ) -> None:
     """Ping every node of a cluster file (as 'admin' when the file has keys): alive, experts, RSS."""
-    from slimcaching.runtime import admin  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.harness import admin  # optional extra (runtime: pyzmq)
 
     addrs, keyring = _nodes(cluster, None)
     deadline = time.monotonic() + wait
@@ -101,7 +101,7 @@ def stop_cmd(
     node: Annotated[str | None, typer.Option("--node", help="Stop only this node.")] = None,
 ) -> None:
     """Stop the nodes of a cluster file (shutdown needs the 'admin' key when the file has keys)."""
-    from slimcaching.runtime import admin  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.harness import admin  # optional extra (runtime: pyzmq)
 
     addrs, keyring = _nodes(cluster, node)
     failed = []

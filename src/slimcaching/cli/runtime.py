@@ -42,7 +42,7 @@ cluster_app = typer.Typer(no_args_is_help=True, help="Run a placement on a local
 
 def _cluster_inputs(cluster, scenario, placement, model, model_name):
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.runtime.cluster import cluster_inputs
+    from slimcaching.runtime.cluster.context import cluster_inputs
     with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name"):
         return cluster_inputs(cluster, scenario, placement, model, model_name)
 
@@ -91,8 +91,8 @@ def cluster_run(
     from slimcaching.adaptive import ControllerConfig
     from slimcaching.fileio import write_json
     from slimcaching.hf import prompt_texts  # start-up
-    from slimcaching.runtime.cluster import load_context  # start-up
-    from slimcaching.runtime.session import RunOptions, parse_events, run_cluster, run_rows  # start-up
+    from slimcaching.runtime.cluster.context import load_context  # start-up
+    from slimcaching.runtime.harness.run import RunOptions, parse_events, run_cluster, run_rows  # start-up
     if launcher not in ("local", "ray"):
         raise ScenarioError("--launcher", "expected local or ray", launcher)
     if address is not None and launcher != "ray":
@@ -158,8 +158,8 @@ def node_cmd(
                            pace=bool(pace or data.get("pace")), deadline_factor=deadline_factor,
                            deadline_floor_s=deadline_floor, retry_after_s=retry_after, max_batch_rows=max_batch,
                            batch_wait_s=batch_wait)
-    from slimcaching.runtime.node import run_node  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.net.security import load_keyring  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.node.process import run_node  # optional extra (runtime: pyzmq)
 
     keyring = load_keyring(data["keys"], name) if data.get("keys") else None
     try:
@@ -202,10 +202,10 @@ def generate_cmd(
 
     from slimcaching.fileio import write_json
     from slimcaching.hf import prompt_texts  # start-up
-    from slimcaching.runtime.device import ClusterError  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.fallbacks import describe_fallback
-    from slimcaching.runtime.security import load_keyring  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.session import RunOptions, check_prompt_lengths, device_session, run_report
+    from slimcaching.runtime.device.fallbacks import describe_fallback
+    from slimcaching.runtime.device.offload import ClusterError  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.harness.run import RunOptions, check_prompt_lengths, device_session, run_report
+    from slimcaching.runtime.net.security import load_keyring  # optional extra (runtime: pyzmq)
 
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)
     if user not in ctx.layout.homes:

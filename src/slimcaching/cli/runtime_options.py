@@ -45,7 +45,7 @@ def ray_placement_of(path: Path | None, launcher: str, nodes: list[str]) -> dict
         return None
     if launcher != "ray":
         raise ScenarioError("--ray-placement", "only with --launcher ray", str(path))
-    from slimcaching.runtime.launch import read_ray_placement  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.harness.launch import read_ray_placement  # optional extra (runtime: pyzmq)
 
     with flags(ray_placement="--ray-placement ray_placement"):
         return read_ray_placement(path, nodes)

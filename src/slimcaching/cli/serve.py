@@ -64,7 +64,10 @@ def serve_cmd(
 ) -> None:
     """Serve the model through the cluster with an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics); SIGTERM or Ctrl-C stop every node."""
-    from slimcaching.runtime.serve import ServeOptions, serve  # start-up: serve's modules need the serve extra
+    from slimcaching.runtime.serving.serve import (
+        ServeOptions,
+        serve,
+    )  # start-up: serve's modules need the serve extra
 
     if cluster is None and (scenario is None or placement is None or model is None):
         raise ScenarioError("serve", "give SCENARIO PLACEMENT --model DIR, or --cluster FILE")
@@ -74,13 +77,13 @@ def serve_cmd(
         raise ScenarioError("--launcher", "not with --cluster (the nodes run already)", launcher)
     if api_key is not None and not api_key.strip():
         raise ScenarioError("--api-key", "must not be empty")
-    from slimcaching.runtime.assign import MODES  # start-up: a plain module, no extra
+    from slimcaching.runtime.serving.assign import MODES  # start-up: a plain module, no extra
 
     if assign not in MODES:
         raise ScenarioError("--assign", f"expected one of {', '.join(MODES)}", assign)
     where = None
     if ray_placement is not None:
-        from slimcaching.runtime.cluster import load_context  # start-up: needs the runtime extra
+        from slimcaching.runtime.cluster.context import load_context  # start-up: needs the runtime extra
 
         with flags(scenario="--scenario", placement="--placement", model="--model", model_name="--model-name"):
             nodes = load_context(scenario or "", placement or "", str(model), model_name).layout.nodes

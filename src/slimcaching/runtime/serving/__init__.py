@@ -1,0 +1,2 @@
+"""``slimcaching serve``: the engine and its device pool, request assignment, metrics, and the
+OpenAI-compatible HTTP server (:mod:`.http`)."""
