@@ -48,21 +48,43 @@ def finish(code: int) -> int:
     return code
 
 
+CTRL_C = {"pressed": False, "handled": False}
+
+
 def acknowledge_ctrl_c() -> None:
     """Ctrl-C answers at once with "stopping..." on stderr, then stops as before (KeyboardInterrupt):
-    a long solve may take a moment to wind down, and a silent terminal invites a second Ctrl-C."""
+    a long solve may take a moment to wind down, and a silent terminal invites a second Ctrl-C.
+
+    A KeyboardInterrupt raised while C code calls back into Python (numba compiling through
+    llvmlite's ctypes callbacks) is printed and dropped by ctypes: until the command has answered
+    the Ctrl-C (``CTRL_C["handled"]``), it is raised again every half second."""
 
     def handler(signum, frame):
-        try:
-            sys.stderr.write("stopping...\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):  # no stderr left: stop all the same
-            pass
+        if not CTRL_C["pressed"]:
+            CTRL_C["pressed"] = True
+            try:
+                sys.stderr.write("stopping...\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):  # no stderr left: stop all the same
+                pass
+            threading.Thread(target=_redeliver, name="ctrl-c", daemon=True).start()
+        if frame is not None and "llvmlite" in frame.f_code.co_filename:
+            return  # inside a ctypes callback, where it would be dropped with a traceback: raised again soon
         raise KeyboardInterrupt
 
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, handler)
+
+
+def _redeliver() -> None:
+    import _thread  # start-up: only after a Ctrl-C
+
+    for _ in range(60):
+        time.sleep(0.5)
+        if CTRL_C["handled"]:
+            return
+        _thread.interrupt_main()
 
 
 def show_progress() -> bool:
