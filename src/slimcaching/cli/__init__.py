@@ -42,7 +42,7 @@ from slimcaching.cli import (
     serve,
     solve,
 )
-from slimcaching.cli.common import CTRL_C, QUIET, acknowledge_ctrl_c, console
+from slimcaching.cli.common import QUIET, acknowledge_ctrl_c, console
 from slimcaching.errors import ScenarioError, SolverBug, missing_extra_line
 from slimcaching.version import package_version
 
@@ -134,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     acknowledge_ctrl_c()
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # raised again while the first one was being answered
-        CTRL_C["handled"] = True
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one was being answered
         return 130
     finally:
-        CTRL_C["handled"] = True
         if threading.current_thread() is threading.main_thread() and previous is not None:
             signal.signal(signal.SIGINT, previous)
 
@@ -149,7 +147,6 @@ def _main(argv: list[str]) -> int:
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
             if rv == 130:  # typer's answer to Ctrl-C (Exit(130)), which it does not announce
-                CTRL_C["handled"] = True
                 console.print("interrupted")
             return rv
     except NoArgsIsHelpError as exc:
@@ -160,11 +157,9 @@ def _main(argv: list[str]) -> int:
         return 2
     except Exit as exc:
         if exc.exit_code == 130 and _from_ctrl_c(exc):  # typer turns Ctrl-C into Exit(130), silently
-            CTRL_C["handled"] = True
             console.print("interrupted")
         return exc.exit_code
     except Abort:
-        CTRL_C["handled"] = True
         console.print("interrupted")
         return 130
     except SystemExit as exc:
@@ -179,13 +174,11 @@ def _main(argv: list[str]) -> int:
         console.print(f"[red]error:[/] internal: {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
-        CTRL_C["handled"] = True
         console.print("interrupted")
         return 130
     except SystemError as exc:  # Ctrl-C inside a compiled (numba) call surfaces as SystemError from it
         if not _from_ctrl_c(exc):
             raise
-        CTRL_C["handled"] = True
         console.print("interrupted")
         return 130
     except ModuleNotFoundError as exc:

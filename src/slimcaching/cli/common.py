@@ -48,7 +48,7 @@ def finish(code: int) -> int:
     return code
 
 
-CTRL_C = {"pressed": False, "handled": False}
+CTRL_C = {"pressed": False}
 
 
 def acknowledge_ctrl_c() -> None:
@@ -56,8 +56,8 @@ def acknowledge_ctrl_c() -> None:
     a long solve may take a moment to wind down, and a silent terminal invites a second Ctrl-C.
 
     A KeyboardInterrupt raised while C code calls back into Python (numba compiling through
-    llvmlite's ctypes callbacks) is printed and dropped by ctypes: until the command has answered
-    the Ctrl-C (``CTRL_C["handled"]``), it is raised again every half second."""
+    llvmlite's ctypes callbacks) would be printed and dropped by ctypes, and the solve would go on:
+    there it is raised again a moment later instead, once the callback has returned."""
 
     def handler(signum, frame):
         if not CTRL_C["pressed"]:
@@ -67,24 +67,16 @@ def acknowledge_ctrl_c() -> None:
                 sys.stderr.flush()
             except (OSError, ValueError):  # no stderr left: stop all the same
                 pass
-            threading.Thread(target=_redeliver, name="ctrl-c", daemon=True).start()
         if frame is not None and "llvmlite" in frame.f_code.co_filename:
-            return  # inside a ctypes callback, where it would be dropped with a traceback: raised again soon
+            import _thread  # start-up: only after a Ctrl-C
+
+            threading.Timer(0.2, _thread.interrupt_main).start()
+            return
         raise KeyboardInterrupt
 
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler):  # not when SIGINT is ignored
         signal.signal(signal.SIGINT, handler)
-
-
-def _redeliver() -> None:
-    import _thread  # start-up: only after a Ctrl-C
-
-    for _ in range(60):
-        time.sleep(0.5)
-        if CTRL_C["handled"]:
-            return
-        _thread.interrupt_main()
 
 
 def show_progress() -> bool:
