@@ -30,7 +30,7 @@ from slimcaching.algorithms.core.groups import PrefixGroup
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table, zeta_table
 from slimcaching.bounds_coupled import coupled_levels_bound
-from slimcaching.bounds_levels import capacity_levels
+from slimcaching.bounds_levels import capacity_levels, units_down
 from slimcaching.capacity import how_many
 from slimcaching.formulation import build_formulation, solve_lp_bound
 from slimcaching.placement import Placement
@@ -169,14 +169,7 @@ def coverage_upper_bound(sets: np.ndarray, valid: np.ndarray, gain: np.ndarray, 
     return np.maximum.accumulate(out)
 
 
-def _units_down(sizes: np.ndarray, capacity: float, capacity_units) -> tuple[np.ndarray, int, bool]:
-    """Integer sizes and capacity for a *relaxation*: the exact gcd grid when it is small enough,
-    else sizes rounded down (never a smaller feasible set)."""
-    units, cap, exact = capacity_units(sizes, capacity)
-    if exact:
-        return units, cap, True
-    unit = max(capacity / 60000, 1e-12)
-    return np.floor(sizes / unit + 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9)), False
+_units_down = units_down  # (the name the tests use)
 
 
 # the LP relaxation's cost, measured with HiGHS's interior point on this formulation (2 cores):

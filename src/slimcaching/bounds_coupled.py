@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
+from slimcaching.algorithms.core.knapsack import knapsack_by_size_class
 from slimcaching.algorithms.core.values import subsets_by_size
-from slimcaching.bounds_levels import Level, LevelGroup, capacity_levels
+from slimcaching.bounds_levels import Level, LevelGroup, capacity_levels, units_down
 from slimcaching.capacity import ABSOLUTE, RELATIVE, how_many
 from slimcaching.problem import Problem
 
@@ -168,16 +168,6 @@ def _priced_table(grp: LevelGroup, kmax: int, exact_experts: int = EXACT_EXPERTS
     return _PricedTable(grp, kmax, hub, coef[order], outer, charge_k, every)
 
 
-def _units_down(sizes: np.ndarray, capacity: float) -> tuple[np.ndarray, int]:
-    """Integer sizes and capacity for a relaxation: the exact gcd grid when small enough, else sizes
-    rounded down (never a smaller feasible set)."""
-    units, cap, exact = capacity_units(sizes, capacity)
-    if exact:
-        return units, cap
-    unit = max(capacity / 60000, 1e-12)
-    return np.floor(sizes / unit + 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9))
-
-
 def _fractional_knapsack(value: np.ndarray, size: np.ndarray, capacity: np.ndarray) -> tuple[float, np.ndarray]:
     """sum over servers of max sum_e value[n, e] x[n, e], sum_e size[e] x[n, e] <= capacity[n],
     0 <= x <= 1 (Dantzig: by value per byte, the last item split), and the maximiser x."""
@@ -230,7 +220,7 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
         for grp in level.groups:
             kmax = min(how_many(level.capacity, grp.size), int(grp.used.sum()))
             tables.append(_priced_table(grp, kmax, EXACT_EXPERTS, HUB_EXPERTS, SPLIT_TILT))
-        units, cap_units = _units_down(np.array([t.group.size for t in tables]), level.capacity)
+        units, cap_units, _ = units_down(np.array([t.group.size for t in tables]), level.capacity)
         levels.append(_LevelTables(level, tables, units, cap_units, offset))
         offset += sum(t.group.e for t in tables)
         if progress is not None:

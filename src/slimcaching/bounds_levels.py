@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slimcaching.algorithms.core.decomposition import Decomposition
+from slimcaching.algorithms.core.knapsack import capacity_units
 from slimcaching.problem import Problem
 
 
@@ -127,3 +128,13 @@ def capacity_levels(problem: Problem, max_levels: int | None = None) -> Levels:
             if level.groups:
                 out.append(level)
     return Levels(base, tail, out)
+
+
+def units_down(sizes: np.ndarray, capacity: float, capacity_units=capacity_units) -> tuple[np.ndarray, int, bool]:
+    """Integer sizes and capacity for a *relaxation*: the exact gcd grid when it is small enough,
+    else sizes rounded down (never a smaller feasible set)."""
+    units, cap, exact = capacity_units(sizes, capacity)
+    if exact:
+        return units, cap, True
+    unit = max(capacity / 60000, 1e-12)
+    return np.floor(sizes / unit + 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9)), False
