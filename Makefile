@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: demo test bench runtime-demo clean
+.PHONY: demo test bench runtime-demo readme-table clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(VENV)/.full
 	@echo "make test: ruff, then the test suite in parallel (about 10-12 minutes on 2 cores; installs add ~3 on a fresh clone)"
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q -n auto --doctest-modules src/slimcaching tests
+
+# the README's table is what `make demo` prints: this rewrites it from a fresh run (the test checks it)
+readme-table: $(VENV)/.full
+	SLIMCACHING_WRITE_README=1 $(BIN)/python -m pytest -q tests/test_docs.py -k readme_demo_table
 
 runtime-demo: $(VENV)/.full
 	$(BIN)/python -m slimcaching.runtime.model.tiny examples/runtime/tiny-moe

@@ -133,6 +133,7 @@ def test_docs_blocks_run_as_printed(path, tmp_path):
     (work / ".venv").symlink_to(Path(sys.prefix))  # the venv running the tests, where the docs say .venv
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "NO_COLOR": "1", "COLUMNS": "120", "BASE": str(_free_ports(4))}
+    before = {q for q in work.rglob("*") if not q.is_relative_to(work / ".venv")}
     p = subprocess.Popen(["bash", "-c", script(bs)], cwd=work, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -150,3 +151,48 @@ def test_docs_blocks_run_as_printed(path, tmp_path):
         failed = last[-1].removeprefix("@@ block ") if last else "?"
         code = next((b.code for b in bs if str(b) == failed), "")
         pytest.fail(f"{failed} failed (exit {p.returncode}):\n{code}--- output ---\n{out[-5000:]}")
+    if path.name == "README.md":  # a newcomer's checkout stays clean: results go to the git-ignored out/
+        ignored = [ln.strip().rstrip("/") for ln in (ROOT / ".gitignore").read_text().splitlines() if ln.strip()]
+        new = sorted(str(q.relative_to(work)) for q in set(work.rglob("*")) - before
+                     if not q.is_relative_to(work / ".venv") and q.relative_to(work).parts[0] not in ignored)
+        assert not new, f"README.md's commands wrote into the checkout (not git-ignored): {new}"
+
+
+DEMO_MARK = "<!-- demo-table: "
+
+
+def _demo_block(lines: list[str]) -> tuple[int, int]:
+    """Where the README's demo table is: the lines between the fences after its marker."""
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(DEMO_MARK)), None)
+    assert at is not None, f"README.md: no '{DEMO_MARK}...' marker before the demo table"
+    assert lines[at + 1] == "```text", "README.md: the demo table's marker is not followed by a text block"
+    end = lines.index("```", at + 2)
+    return at + 2, end
+
+
+@pytest.mark.timeout(300)
+def test_readme_demo_table_is_what_make_demo_prints():
+    """The README's table is `make demo`'s real output, byte for byte: everything before the
+    timings (which differ between machines). ``make readme-table`` rewrites it from a fresh run."""
+    recipe = re.search(r"^demo:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe and recipe.group(1).strip() == "$(BIN)/slimcaching demo", \
+        "make demo no longer runs 'slimcaching demo'"
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80"}
+    run = subprocess.run([sys.executable, "-m", "slimcaching", "demo"], capture_output=True, text=True, env=env,
+                         timeout=280, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "solving exact (" in run.stderr, "piped, the demo says nothing while it solves"
+    printed = run.stdout.splitlines()
+    cut = next(i for i, ln in enumerate(printed) if ln.startswith("solve seconds on this machine"))
+    table = printed[:cut]
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start, end = _demo_block(lines)
+    if os.environ.get("SLIMCACHING_WRITE_README"):
+        lines[start:end] = table
+        (ROOT / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return
+    shown = lines[start:end]
+    import difflib
+    diff = "\n".join(difflib.unified_diff(shown, table, "README.md", "make demo", lineterm=""))
+    assert shown == table, \
+        f"the README's demo table differs from what make demo prints ('make readme-table' rewrites it):\n{diff}"

@@ -59,13 +59,38 @@ def solve_summary(name: str, placement: Placement, latency: float, time_limit: f
             f"{btxt}{gtxt}")
 
 
-def exact_note(placement: Placement, time_limit: float) -> tuple[str, bool]:
-    """The demo table's note for an ``exact`` row, and whether it has a placement to show."""
+def exact_note(placement: Placement, time_limit: float, scenario: str = "SCENARIO") -> tuple[str, str, bool]:
+    """The demo's words for an ``exact`` row: a short note for the table that does not depend on
+    the machine's speed, a longer one for below the table (with the bound and gap HiGHS had when
+    it stopped, which do), and whether the row has a placement to show."""
     st = exact_status(placement)
-    btxt = st.bound_text("no bound yet")
+    btxt = st.bound_text("no lower bound yet")
     if st.optimal:
-        return "optimal", True
+        return "optimal", "", True
     if st.feasible:
-        gtxt = f", gap {st.gap * 100:.2f}%" if st.gap is not None else ""
-        return f"{st.status}: best found, not proven optimal; {btxt}{gtxt}", True
-    return f"{st.status}: no solution in {time_limit:g} s; {btxt}", False
+        gtxt = f" (gap {st.gap * 100:.2f}%)" if st.gap is not None else ""
+        return (f"{time_limit:g}-s limit: best found, not proven optimal (*)",
+                f"(*) exact stopped at its {time_limit:g}-s limit ({st.status}) with the best placement found. "
+                f"Its own {btxt}{gtxt} is the MILP's, weak when a layer waits for all K of its experts; "
+                f"'slimcaching solve {scenario} --bound' certifies slimcaching's placement with our bounds, "
+                "usually much tighter (within a minute).", True)
+    return (f"{time_limit:g}-s limit: no placement found (*)",
+            f"(*) exact stopped at its {time_limit:g}-s limit ({st.status}) before finding a placement; {btxt}.",
+            False)
+
+
+def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]], align: str) -> str:
+    """A plain-text table, columns three spaces apart and trailing spaces cut: the same bytes on a
+    terminal, in a pipe and in the README. ``align`` has one ``<`` or ``>`` per column.
+
+    >>> print(text_table(("name", "ms"), [("a", "1.5"), ("bcd", "10.25")], align="<>"))
+    name      ms
+    a        1.5
+    bcd    10.25
+    """
+    widths = [max(len(str(r[c])) for r in (headers, *rows)) for c in range(len(headers))]
+
+    def line(cells) -> str:
+        return "   ".join(f"{str(v):{a}{w}}" for v, a, w in zip(cells, align, widths, strict=True)).rstrip()
+
+    return "\n".join(line(r) for r in (headers, *rows))

@@ -162,27 +162,35 @@ def _print_summary(problem, placement, latency: float, summary: str) -> None:
 def demo(
     scenario: ScenarioArg = "default",
     algorithms: Annotated[str, typer.Option(help="Comma-separated algorithm names, or 'all'.")] = "all",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 30.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for 'exact'.")] = 5.0,
 ) -> None:
-    """Run every algorithm on a scenario and print a comparison table."""
+    """Run every algorithm on a scenario and print a comparison table.
+
+    The table is plain text and the same on every machine (it holds no timings), so that the
+    README can show exactly what this prints; the solve times follow it on one line."""
     # start-up: imported when the command runs, so that --help and the others start at once
     from rich.progress import Progress
 
     from slimcaching.algorithms import algorithm_names, solve  # start-up
     from slimcaching.evaluation import placement_latency  # start-up
     from slimcaching.problem import build_problem  # start-up
-    from slimcaching.reporting import exact_note  # start-up
+    from slimcaching.reporting import exact_note, text_table  # start-up
     names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
     sc = read_scenario(scenario)
     problem = build_problem(sc)
-    out.print(f"scenario [bold]{sc.name}[/]: {len(sc.models)} models "
+    out.print(f"scenario {sc.name}: {len(sc.models)} models "
               f"({', '.join(f'{m.name} K={m.top_k}' for m in sc.models)}), {len(sc.servers)} servers, "
-              f"{len(sc.users)} users ({len(problem.class_users)} classes), {problem.n_items} experts")
-    rows = []
-    with Progress(console=console, transient=True, disable=not show_progress()) as progress:
+              f"{len(sc.users)} users ({len(problem.class_users)} classes), {problem.n_items} experts",
+              highlight=False, markup=False)
+    rows, footnotes = [], []
+    live = show_progress()
+    with Progress(console=console, transient=True, disable=not live) as progress:
         task = progress.add_task("solving", total=len(names))
-        for name in names:
+        for i, name in enumerate(names, 1):
             progress.update(task, description=f"solving: {name}")
+            if not live and not QUIET["on"]:  # piped: a line per algorithm instead of a bar
+                limit = f", up to {time_limit:g} s" if name == "exact" else ""
+                console.print(f"solving {name} ({i} of {len(names)}{limit})", highlight=False, markup=False)
             params = {"time_limit": time_limit} if name == "exact" else {}
             try:
                 pl = solve(problem, name, params)
@@ -193,22 +201,24 @@ def demo(
             lat = placement_latency(problem, pl)
             note = ""
             if name == "exact":
-                note, found = exact_note(pl, time_limit)
+                note, footnote, found = exact_note(pl, time_limit, scenario or "default")
+                footnotes += [footnote] if footnote else []
                 lat = lat if found else None
             rows.append((name, lat, pl.solve_seconds, note))
             progress.advance(task)
     ref = next((r[1] for r in rows if r[0] == "none"), None)
     if ref is None:
         ref = problem.objective(solve(problem, "none").x)
-    t = table(title="mean per-token latency (lower is better)")
-    t.add_column("algorithm", no_wrap=True)
-    t.add_column("ms/token", justify="right", no_wrap=True)
-    t.add_column("vs none", justify="right", no_wrap=True)
-    t.add_column("solve s", justify="right", no_wrap=True)
-    t.add_column("note")
-    for name, lat, secs, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0)):
-        if lat is None:
-            t.add_row(name, "-", "-", f"{secs:.2f}" if secs is not None else "-", note)
-        else:
-            t.add_row(name, f"{lat * 1e3:.3f}", f"{(ref - lat) / ref:.1%}", f"{secs:.2f}", note)
-    out.print(t)
+    body = [(name, "-", "-", note) if lat is None else
+            (name, f"{lat * 1e3:.3f}", f"{(ref - lat) / ref:.1%}", note)
+            for name, lat, _, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0, r[0]))]
+    out.print("mean per-token latency (lower is better)", highlight=False, markup=False)
+    out.print(text_table(("algorithm", "ms/token", "vs none", "note"), body, align="<>><"),
+              highlight=False, markup=False, soft_wrap=True)
+    timed = sorted((r for r in rows if r[2] is not None), key=lambda r: -r[2])
+    slow = [f"{n} {secs:.2f}" for n, _, secs, _ in timed if secs >= 0.05]
+    quick = " (the others under 0.05)" if len(slow) < len(timed) else ""
+    out.print(f"solve seconds on this machine: {', '.join(slow) or 'all under 0.05'}{quick if slow else ''}",
+              highlight=False, markup=False, soft_wrap=True)
+    for footnote in footnotes:
+        out.print(footnote, highlight=False, markup=False, soft_wrap=True)
