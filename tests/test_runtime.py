@@ -39,6 +39,21 @@ FAMILIES = [f for f in _configs() if f != "switch_transformers"]
 PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7"]
 
 
+@pytest.fixture(autouse=True)
+def temp_folders_are_removed(tmp_path_factory, monkeypatch):
+    """Every test here runs with its own temporary directory (the commands' and the processes'
+    they start) and fails if a ``slimcaching-*`` folder of a command is left in it: the run's keys
+    and logs go on exit, on error and on Ctrl-C."""
+    import tempfile
+
+    d = tmp_path_factory.mktemp("tmpdir")
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    monkeypatch.setenv("TMPDIR", str(d))
+    yield d
+    left = sorted(p.name for p in d.iterdir() if p.name.startswith("slimcaching-"))
+    assert not left, f"temporary folders left behind: {left}"
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
@@ -770,7 +785,7 @@ def test_commands_needing_torch_say_the_install_in_one_line(model_dirs, tmp_path
     assert not (tmp_path / "prof.json").exists() and not (tmp_path / "t").exists()
 
 
-def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path):
+def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path, temp_folders_are_removed):
     """Ctrl-C during a generation: exit 130, "interrupted", no run file, no traceback, and none
     of the node processes it started is left running."""
     import signal
@@ -787,7 +802,8 @@ def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path):
         p = subprocess.Popen(as_from_a_terminal([sys.executable, "-m", "slimcaching", "cluster", "run", str(sc),
                                                  str(pl), "--model", str(d), "--prompts", str(prompts),
                                                  "--max-new-tokens", "100", "--pace", "--no-reference", "--json",
-                                                 str(out)]), stdout=subprocess.DEVNULL, stderr=fh)
+                                                 str(out)]), stdout=subprocess.DEVNULL, stderr=fh,
+                             env={**os.environ, "TMPDIR": str(temp_folders_are_removed)})
 
     def nodes() -> list[int]:
         found = []

@@ -235,9 +235,6 @@ def _token_rows(session: dict) -> list[dict]:
 
 def run_cluster(opts: RunOptions, progress=None) -> dict:
     """Start the nodes, run the devices (several users concurrently), compare, stop everything."""
-    from slimcaching.runtime.device.offload import ClusterError  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.harness.launch import Chaos, LocalCluster  # optional extra (runtime: pyzmq)
-
     say = progress or (lambda msg: None)
     ctx = load_context(opts.scenario, opts.placement, opts.model_dir, opts.model_name)
     lay = ctx.layout
@@ -258,14 +255,35 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
         reference = _reference(ctx, opts)
     if opts.adapt is not None and len(users) != 1:
         raise ScenarioError("adapt", "re-places experts for one user's device (give --users with one name)")
+    # the nodes' keys and logs: removed on every way out (a kill -9 too: the nodes' reaper removes it)
+    with tempfile.TemporaryDirectory(prefix="slimcaching-cluster-") as workdir:
+        nodes, sessions, events, adapt_report, wall = _run_nodes(ctx, opts, users, kills, Path(workdir), say)
+    report = run_report(ctx, opts, users, sessions, reference, nodes, events, wall)
+    if opts.rate:
+        report["load"] = load_comparison(ctx, opts, users, sessions, report)
+    if adapt_report is not None:
+        from slimcaching.runtime.harness.adapt import stall_report  # optional extra (runtime: msgpack)
+
+        adapt_report.update(stall_report(report["per_token"], adapt_report["events"]))
+        report["adapt"] = adapt_report
+    return report
+
+
+def _run_nodes(ctx, opts: RunOptions, users: list[str], kills, workdir: Path, say):
+    """The run itself, with the nodes up in ``workdir``: each node's status, the sessions, the
+    kill/restart events, the adaptation report and the wall seconds."""
+    from slimcaching.runtime.device.offload import ClusterError  # optional extra (runtime: pyzmq)
+    from slimcaching.runtime.harness.launch import Chaos, LocalCluster  # optional extra (runtime: pyzmq)
+
+    lay = ctx.layout
     adapt_report = None
-    workdir = Path(tempfile.mkdtemp(prefix="slimcaching-cluster-"))
     counter = TokenCounter(len(users))
     t_start = time.time()
     say(f"starting {len(lay.nodes)} nodes ({', '.join(lay.nodes)})")
     with LocalCluster(lay.nodes, opts.scenario, opts.placement, str(ctx.model_dir), lay.model, workdir,
                       config=opts.runtime_config(), launcher=opts.launcher, ray_address=opts.ray_address,
-                      users=users, progress=say, ray_placement=opts.ray_placement) as cluster:
+                      users=users, progress=say, ray_placement=opts.ray_placement,
+                      reap=opts.launcher == "local") as cluster:
         start_rss = {n: p.rss_at_start for n, p in cluster.nodes.items()}
         chaos = Chaos(cluster, counter, kills, opts.restarts)
         if len(users) > 1:
@@ -318,16 +336,7 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
             if getattr(cluster.nodes[n], "ray_node", None):
                 st["ray_node"] = cluster.nodes[n].ray_node  # where Ray placed it
         events = cluster.events
-    wall = time.time() - t_start
-    report = run_report(ctx, opts, users, sessions, reference, nodes, events, wall)
-    if opts.rate:
-        report["load"] = load_comparison(ctx, opts, users, sessions, report)
-    if adapt_report is not None:
-        from slimcaching.runtime.harness.adapt import stall_report  # optional extra (runtime: msgpack)
-
-        adapt_report.update(stall_report(report["per_token"], adapt_report["events"]))
-        report["adapt"] = adapt_report
-    return report
+    return nodes, sessions, events, adapt_report, time.time() - t_start
 
 
 def simulate_at_rates(ctx, rates: dict[str, float], *, max_batch: int = 1, tokens: int = 20000,
