@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -378,6 +379,10 @@ def test_serve_command_starts_answers_and_stops_every_node_on_sigterm(tmp_path, 
         assert r.usage.completion_tokens == 3
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+        err = proc.stderr.read()  # the resource tracker, if it warns, writes after the server ended
+        assert "leaked" not in err and "Traceback" not in err and "Warning" not in err, err
+        assert "stopped: the server, the devices and every node it started" in err, err
+        assert not [ln for ln in err.splitlines() if len(re.findall(r"\d s\)", ln)) > 1], err  # one time a line
         deadline = time.time() + 10
         while any(_alive(p) for p in children) and time.time() < deadline:
             time.sleep(0.1)

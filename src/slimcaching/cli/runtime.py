@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from slimcaching.cli.common import console, flags, ms, note, out, timed_note
+from slimcaching.cli.common import console, flags, ms, out, timed_note
 from slimcaching.cli.runtime_options import (  # shared with serve
     AdaptHorizonOpt,
     AdaptOpt,
@@ -112,7 +112,7 @@ def cluster_run(
                       adapt=None if adapt is None else ControllerConfig(adapt_window, adapt, adapt_horizon))
     with flags(users="--users", prompts="--prompts", launcher="--launcher", address="--address", adapt="--adapt",
                model="--model", max_new_tokens="--max-new-tokens", **{"kill/restart": "--kill/--restart"}):
-        report = run_cluster(opts, progress=note)
+        report = run_cluster(opts, progress=timed_note())
     if json_out is not None:
         write_json(json_out, report)
     t = Table("quantity", "value")

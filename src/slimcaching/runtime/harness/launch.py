@@ -307,7 +307,6 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         try:
-            t0 = time.time()
             for n in self.names:  # start all at once: each one spends seconds importing torch
                 self.nodes[n].spawn()
             if self.reap and self.launcher == "local":
@@ -315,7 +314,7 @@ class LocalCluster:
             for i, n in enumerate(self.names, 1):
                 self.nodes[n].wait_ready(self.start_timeout)
                 if self.progress is not None:
-                    self.progress(f"node {n} ready ({i}/{len(self.names)}, {time.time() - t0:.1f} s)")
+                    self.progress(f"node {n} ready ({i}/{len(self.names)})")  # the caller's log adds the time
             self.configure()
         except BaseException:
             self.close()

@@ -21,6 +21,7 @@ records the metrics of finished requests here. A worker that dies fails its open
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
@@ -178,15 +179,19 @@ class DevicePool:
 
     def _read(self) -> None:
         while True:
+            events = self.events
+            if events is None:  # closed and released
+                return
             try:
-                msg = self.events.get(timeout=POLL_S)
+                msg = events.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_workers()
-                if self.closed and not any(p.is_alive() for p in self.procs):
+                if self.closed and not any(p is not None and p.is_alive() for p in self.procs):
                     return
                 continue
-            except (EOFError, OSError):
+            except (EOFError, OSError, ValueError):  # ValueError: the queue was closed meanwhile
                 return
+            del events
             op = msg[0]
             if op == "ev":
                 self._event(msg[1], msg[2])
@@ -288,3 +293,22 @@ class DevicePool:
                 if p.is_alive():
                     p.kill()
                     p.join(2)
+        reader = getattr(self, "reader", None)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(POLL_S * 5)  # it stops once the workers are gone
+        self._release_queues()
+
+    def _release_queues(self) -> None:
+        """Each queue holds three named semaphores, unlinked when the queue is collected or at the
+        interpreter's exit. ``serve`` ends without that exit (it is slow with torch loaded), so
+        they are released here; otherwise the resource tracker warns of leaked semaphores."""
+        if self.events is None:
+            return
+        queues = [q for q in (*self.queues, self.events) if q is not None]
+        # the processes keep their arguments (the queues) alive: they go too, joined already
+        self.queues, self.procs, self.events = [None] * self.n, [None] * self.n, None
+        for q in queues:
+            q.close()
+            q.join_thread()
+        del queues, q
+        gc.collect()
