@@ -344,3 +344,51 @@ def test_summaries_speak_plainly(tmp_path, capsys):
     assert "token-s" not in err and "ms per token over the horizon" in err, err
     assert main(["solve", "default", "--time-limit", "5s"]) == 2
     assert capsys.readouterr().err.endswith("(got '5s')\n")
+
+
+def test_a_placement_says_which_scenario_it_was_solved_for(tmp_path, tiny, capsys):
+    """A placement file carries its scenario's name and fingerprint: used with the same scenario
+    (written another way) nothing is said; with a changed scenario it still fits, a one-line
+    note; with another scenario it does not fit, the error says which scenario it was made for."""
+    pl = tmp_path / "p.json"
+    assert main(["solve", "default", "-a", "lfu", "-o", str(pl)]) == 0
+    stamp = json.loads(pl.read_text())["scenario"]
+    assert stamp["name"] == "default" and len(stamp["fingerprint"]) == 16
+    canon = tmp_path / "default.json"  # the same scenario, written out in full
+    assert main(["export", "default", "-o", str(canon)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(canon), str(pl)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    data = json.loads(canon.read_text())
+    data["users"][0]["uplink_bps"] *= 0.5  # what if one user's uplink halves?
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(data))
+    assert main(["evaluate", str(changed), str(pl)]) == 0
+    err = capsys.readouterr().err
+    assert "note:" in err and "another version of scenario 'default'" in err and stamp["fingerprint"] in err, err
+    assert main(["simulate", str(changed), str(pl), "--tokens", "200"]) == 0
+    assert "another version of scenario 'default'" in capsys.readouterr().err
+    assert main(["evaluate", str(tiny), str(pl)]) == 2  # the tiny scenario has servers s0..s2
+    err = capsys.readouterr().err
+    assert "unknown server" in err and "solved for scenario 'default'" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["replan", str(tiny), "--from", str(pl), "-o", str(tmp_path / "new.json")]) == 2
+    assert "solved for scenario 'default'" in capsys.readouterr().err
+    assert not (tmp_path / "new.json").exists()
+    old = json.loads(pl.read_text())  # files written before the field: read as before, nothing said
+    del old["scenario"]
+    pl.write_text(json.dumps(old))
+    assert main(["evaluate", str(changed), str(pl)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    old["scenario"] = {"name": "default", "fingerprint": "not-hex"}
+    pl.write_text(json.dumps(old))
+    assert main(["evaluate", str(canon), str(pl)]) == 2
+    assert "placement.scenario.fingerprint" in capsys.readouterr().err
+
+
+def test_co_local_placements_are_stamped_with_the_scenario_as_given(tmp_path, tiny, capsys):
+    pl = tmp_path / "p.json"
+    assert main(["solve", str(tiny), "-a", "lfu", "--co-local", "-o", str(pl)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tiny), str(pl)]) == 0
+    assert "note:" not in capsys.readouterr().err

@@ -787,6 +787,16 @@ def test_commands_needing_torch_say_the_install_in_one_line(model_dirs, tmp_path
     assert not (tmp_path / "prof.json").exists() and not (tmp_path / "t").exists()
 
 
+def test_a_run_notes_a_placement_solved_for_another_scenario(model_dirs, tmp_path):
+    d = model_dirs("mixtral")
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(d, capacity="20 kB"))
+    pl = solve(sc, "lfu", tmp_path / "pl.json")
+    assert load_context(sc, pl, d).other_scenario is None
+    faster = write_scenario(tmp_path / "faster.yaml", scenario_dict(d, capacity="20 kB", uplink="80 Mbit/s"))
+    note = load_context(faster, pl, d).other_scenario
+    assert note and "another version of scenario" in note
+
+
 def test_ctrl_c_stops_cluster_run_and_its_nodes(model_dirs, tmp_path, temp_folders_are_removed):
     """Ctrl-C during a generation: exit 130, "interrupted", no run file, no traceback, and none
     of the node processes it started is left running."""

@@ -23,7 +23,7 @@ from slimcaching.capacity import fits
 from slimcaching.errors import CONTROL_CHARACTERS, ScenarioError, has_control_characters
 from slimcaching.fileio import read_json_text
 from slimcaching.problem import Problem
-from slimcaching.scenario import pydantic_error
+from slimcaching.scenario import pydantic_error, scenario_fingerprint
 from slimcaching.units import format_bytes
 
 PLACEMENT_FORMAT = "slimcaching/placement@1"
@@ -41,6 +41,9 @@ class Placement:
     info: dict = field(default_factory=dict)
     latency_model: str = "slimcaching"  # how it is served: see slimcaching.architectures.LATENCY_MODELS
     dense: np.ndarray | None = None  # [N, M] bool: server n stores model m's dense part (docs/model.md §architectures)
+    # the scenario it was solved for, {"name", "fingerprint"} (scenario_stamp): read from its file,
+    # or set where the problem's scenario is not the one the user gave (solve --co-local)
+    made_for: dict | None = None
 
     def edge(self, problem: Problem) -> dict[str, list[list]]:
         """The file's ``edge`` mapping: server -> [[model, layer, expert], ...]."""
@@ -51,6 +54,7 @@ class Placement:
         edge = self.edge(problem)
         out = {
             "format": PLACEMENT_FORMAT,
+            "scenario": self.made_for or scenario_stamp(problem.scenario),
             "algorithm": self.algorithm,
             "params": self.params,
             "latency_model": self.latency_model,
@@ -79,12 +83,22 @@ def _printable(v: str) -> str:
 _Finite = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 
+class MadeFor(BaseModel):
+    """The scenario a placement was solved for: its name and :func:`scenario_fingerprint`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[StrictStr, AfterValidator(_printable)]
+    fingerprint: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
 class PlacementIn(BaseModel):
     """A placement file as read (extra fields forbidden; booleans are not integers)."""
 
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["slimcaching/placement@1"]
+    scenario: MadeFor | None = None  # absent in files written before it was recorded
     algorithm: Annotated[StrictStr, AfterValidator(_printable)] = "manual"
     params: dict[StrictStr, Any] = Field(default_factory=dict)
     latency_model: Literal["slimcaching", "u-shaped", "u-shaped-partial", "hybrid"] = "slimcaching"
@@ -125,6 +139,41 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
         pin = PlacementIn.model_validate(data)
     except ValidationError as exc:
         raise pydantic_error(exc, prefix=f"{where}.", model=PlacementIn) from None
+    made_for = pin.scenario.model_dump() if pin.scenario is not None else None
+    try:
+        pl = _placement_from_input(pin, problem, where)
+    except ScenarioError as exc:
+        other = other_scenario(made_for, problem.scenario)
+        if other is None:
+            raise
+        err = ScenarioError(exc.field, f"{str(exc)[len(exc.field) + 2:]}; {other}", show_value=False)
+        err.value = exc.value
+        raise err from None
+    pl.made_for = made_for
+    return pl
+
+
+def scenario_stamp(scenario) -> dict:
+    """What a placement file records of the scenario it was solved for."""
+    return {"name": scenario.name, "fingerprint": scenario_fingerprint(scenario)}
+
+
+def other_scenario(made_for: dict | None, scenario) -> str | None:
+    """Why a placement may not fit ``scenario``: it says it was solved for another one (None when
+    it was solved for this one, or does not say)."""
+    if made_for is None:
+        return None
+    here = scenario_fingerprint(scenario)
+    if made_for["fingerprint"] == here:
+        return None
+    if made_for["name"] == scenario.name:
+        return (f"the placement was solved for another version of scenario {scenario.name!r} "
+                f"(fingerprint {made_for['fingerprint']}; this one's is {here})")
+    return (f"the placement was solved for scenario {made_for['name']!r} (fingerprint {made_for['fingerprint']}), "
+            f"not for {scenario.name!r} ({here})")
+
+
+def _placement_from_input(pin: PlacementIn, problem: Problem, where: str) -> Placement:
     x = problem.empty_placement()
     sidx = {s: i for i, s in enumerate(problem.server_names)}
     models = {m.name: m for m in problem.scenario.models}

@@ -119,6 +119,15 @@ def table(*headers: str, **kw) -> Table:
     return t
 
 
+def note_other_scenario(placement, problem, path) -> None:
+    """One line on stderr when a placement file says it was solved for another scenario than the
+    one it is used with (it fitted, so the command goes on: a what-if is a fair use)."""
+    from slimcaching.placement import other_scenario  # start-up
+    other = other_scenario(placement.made_for, problem.scenario)
+    if other is not None:
+        console.print(f"note: {path}: {other}", highlight=False, markup=False, soft_wrap=True)
+
+
 def read_scenario(scenario: str | None):
     """The scenario of a command's argument (``default`` or empty: the built-in one)."""
     # start-up: imported when the command runs, so that --help and the others start at once

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from slimcaching.cli.common import ScenarioArg, flags, out, read_scenario, table
+from slimcaching.cli.common import ScenarioArg, flags, note_other_scenario, out, read_scenario, table
 from slimcaching.errors import ScenarioError
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
@@ -31,6 +31,7 @@ def evaluate(
     sc = read_scenario(scenario)
     base = build_problem(sc)
     pl = load_placement(placement, base)
+    note_other_scenario(pl, base, placement)
     problem = problem_for(sc, pl) if pl.local else base
     result = {"algorithm": pl.algorithm, **placement_breakdown(problem, pl)}
     if as_json:
@@ -116,6 +117,7 @@ def simulate(
     check("simulate_tokens", tokens * max(m.layers for m in sc.models), "--tokens",
           "tokens x layers to draw")
     pl = load_placement(placement, base)
+    note_other_scenario(pl, base, placement)
     problem = problem_for(sc, pl) if pl.local else base
     if pl.latency_model != "slimcaching" and trace is not None:
         raise ScenarioError("placement.latency_model", "--trace replays SlimCaching-style placements only "

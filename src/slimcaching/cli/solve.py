@@ -58,6 +58,7 @@ def solve_cmd(
     from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
     from slimcaching.evaluation import placement_latency  # start-up
     from slimcaching.fileio import atomic_write, check_target  # start-up
+    from slimcaching.placement import scenario_stamp  # start-up
     from slimcaching.problem import build_problem  # start-up
     from slimcaching.reporting import solve_summary  # start-up
     spec = get_algorithm(algorithm)
@@ -79,6 +80,7 @@ def solve_cmd(
         check_target(output, "--output")
     sc = read_scenario(scenario)
     warn_implausible(sc)
+    given = sc
     if co_local:
         sc = co_activation_local_caches(sc)
     problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
@@ -88,6 +90,7 @@ def solve_cmd(
     if co_local:
         placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
         placement.params["local_policy"] = "co-activation"
+        placement.made_for = scenario_stamp(given)  # the file's scenario, not the one with these caches
     latency = placement_latency(problem, placement)
     summary = solve_summary(spec.name, placement, latency, params.get("time_limit", spec.defaults.get("time_limit")),
                             bool(params.get("relax")))

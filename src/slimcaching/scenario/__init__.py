@@ -4,7 +4,7 @@
 - :mod:`~slimcaching.scenario.types`: the resolved dataclasses every later stage reads;
 - :mod:`~slimcaching.scenario.resolve`: :func:`load_scenario` and :func:`resolve_scenario`;
 - :mod:`~slimcaching.scenario.local_cache`: the device caches (``lfu``);
-- :mod:`~slimcaching.scenario.export`: :func:`canonical_dict` / :func:`canonical_json`.
+- :mod:`~slimcaching.scenario.export`: :func:`canonical_dict` / :func:`canonical_json`, :func:`scenario_fingerprint`.
 
 Examples
 --------
@@ -14,7 +14,7 @@ Examples
 (5, 50, ['switch-base-8', 'moe-llava-stablelm', 'llama-moe-3.5b-4-16'])
 """
 
-from slimcaching.scenario.export import canonical_dict, canonical_json
+from slimcaching.scenario.export import canonical_dict, canonical_json, scenario_fingerprint
 from slimcaching.scenario.local_cache import lfu_local_cache, resolve_local_caches, user_marginals
 from slimcaching.scenario.resolve import (
     MAX_DERIVED_SECONDS,
@@ -40,6 +40,7 @@ from slimcaching.scenario.types import (
 __all__ = [
     "MAX_DERIVED_SECONDS", "MODEL_FIELDS", "SCENARIO_FORMAT", "Cloud", "Link", "Model", "Phase", "Reach", "Scenario",
     "ScenarioErrors", "Server", "User", "WorkloadEntry", "canonical_dict", "canonical_json", "check_local_cache",
+    "scenario_fingerprint",
     "lfu_local_cache", "load_scenario", "pydantic_error", "resolve_local_caches", "resolve_scenario",
     "scenario_at_phase", "user_marginals",
 ]

@@ -25,7 +25,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.evaluation import problem_for
 from slimcaching.fileio import read_data_file
 from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint, text_config
-from slimcaching.placement import Placement, load_placement
+from slimcaching.placement import Placement, load_placement, other_scenario
 from slimcaching.problem import Problem, build_problem
 from slimcaching.runtime.cluster.addresses import tcp_address
 from slimcaching.runtime.cluster.layout import Layout, build_layout
@@ -43,6 +43,7 @@ class Context:
     placement: Placement
     model_dir: Path
     problem: Problem
+    other_scenario: str | None = None  # the placement says it was solved for another scenario (a note)
 
     def expert_source(self):
         return expert_source(self.model_dir)
@@ -103,7 +104,7 @@ def load_context(scenario: str | Path, placement: str | Path, model_dir: str | P
     # how each user is served: what evaluate reports, with the other ways as fail-over targets
     ways = user_architectures(problem, pl.x, pl.dense, pl.latency_model, model_name)
     layout = build_layout(sc, pl.edge(problem), model_name, ways=ways, wire=wire_format(mdir))
-    return Context(sc, layout, pl, mdir, problem)
+    return Context(sc, layout, pl, mdir, problem, other_scenario(pl.made_for, base.scenario))
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

@@ -237,6 +237,8 @@ def run_cluster(opts: RunOptions, progress=None) -> dict:
     """Start the nodes, run the devices (several users concurrently), compare, stop everything."""
     say = progress or (lambda msg: None)
     ctx = load_context(opts.scenario, opts.placement, opts.model_dir, opts.model_name)
+    if ctx.other_scenario is not None:
+        say(f"note: {opts.placement}: {ctx.other_scenario}")
     lay = ctx.layout
     users = opts.users or [ctx.scenario.users[0].name]
     for u in users:
