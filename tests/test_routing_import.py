@@ -16,12 +16,14 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slimcaching.cli import main
 from slimcaching.errors import ScenarioError
 from slimcaching.hf import RoutingTrace
 from slimcaching.profile_stats import provenance
-from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace
+from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace, unique_rows
 from slimcaching.routing_import import inclusion_targets, independent_sets, read_routing, to_profile
 
 E, K, LAYERS, DENSE = 16, 4, 3, 1  # the record's layer 0 is dense (DeepSeek-style first_k_dense_replace)
@@ -275,3 +277,67 @@ def test_a_truncated_pt_file_is_one_error(tmp_path, capsys, trace):
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     assert main(["profile", "import", "sglang-per-token", str(bad), "-o", str(tmp_path / "p.json")]) == 2
     assert "not a torch.save file" in capsys.readouterr().err
+
+
+# ---- counts-only profiles: kept as fitted weights --------------------------------------------
+
+def test_a_counts_only_profile_file_keeps_its_weights_not_its_draws(tmp_path):
+    """A counts-only import writes each layer's fitted weights (a few numbers per expert), not
+    its 20,000 drawn sets; reading the file draws the very same sets again."""
+    rng = np.random.default_rng(5)
+    layers, experts = 6, 64
+    loads = rng.zipf(1.4, size=(layers, experts)).astype(np.int64) + 1
+    csv = tmp_path / "load.csv"
+    csv.write_text("layer,expert,count\n" + "".join(f"{li},{e},{loads[li, e]}\n" for li in range(layers)
+                                                    for e in range(experts)))
+    out = tmp_path / "p.json"
+    assert main(["profile", "import", "counts", str(csv), "--top-k", "8", "-o", str(out), "--model", "m"]) == 0
+    data = json.loads(out.read_text())
+    assert all(set(lp) == {"independent"} for lp in data["layers"])
+    assert out.stat().st_size < 2_000 * layers  # the sets themselves would be ~1 MB a layer
+    imported = to_profile(read_routing("counts", [csv], top_k=8), "m")
+    loaded = Profile.load(out)
+    _same_sets(imported, loaded)
+    for lp, counts in zip(loaded.layers, loads):
+        target, _ = inclusion_targets(counts.astype(float), 8)
+        np.testing.assert_allclose(lp.marginals(experts), target, atol=0.005)
+    # written again, the same file (the weights survive the round trip to the last bit)
+    again = tmp_path / "again.json"
+    loaded.save(again)
+    assert json.loads(again.read_text())["layers"] == data["layers"]
+    npz = tmp_path / "p.npz"  # binary files keep the sets themselves
+    loaded.save(npz)
+    _same_sets(Profile.load(npz), loaded)
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"weights": [1.0, -1.0, 1.0]}, "weights: weights must be finite and >= 0"),
+    ({"weights": []}, "weights: a list of numbers"),
+    ({"weights": [1.0, True, 1.0]}, "weights: a list of numbers"),
+    ({"always": [0, 0]}, "always: distinct experts"),
+    ({"always": [7]}, "always: expert ids in 0..2"),
+    ({"top_k": 0}, "top_k: a whole number >= 1"),
+    ({"tokens": 2.5}, "tokens: a whole number >= 1"),
+    ({"tokens": 10**12}, "tokens"),
+    ({"seed": -1}, "seed: a whole number >= 0"),
+    ({"weights": [1.0, 0.0, 0.0], "top_k": 2}, "too few to draw top_k=2"),
+    ({"extra": 1}, "needs exactly the keys"),
+])
+def test_a_bad_weights_layer_is_one_error_naming_the_field(patch, needle):
+    layer = {"weights": [1.0, 2.0, 3.0], "always": [], "top_k": 2, "tokens": 100, "seed": 0, **patch}
+    with pytest.raises(ScenarioError, match="profile.layers") as exc:
+        Profile.from_dict({"model": "m", "layers": [{"independent": layer}]})
+    assert needle in str(exc.value), str(exc.value)
+    with pytest.raises(ScenarioError, match="stands alone"):
+        Profile.from_dict({"model": "m", "layers": [{"independent": layer, "sets": [[0, 1]]}]})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3000), st.integers(0, 2**32))
+def test_unique_rows_is_numpys_unique_faster(n, k, top, seed):
+    rows = np.random.default_rng(seed).integers(0, top + 1, size=(n, k))
+    rows[n // 2:] = rows[: n - n // 2]  # repeated rows
+    got, counts = unique_rows(rows)
+    want, want_counts = np.unique(rows, axis=0, return_counts=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(counts, want_counts)
