@@ -364,7 +364,9 @@ def test_engine_refuses_more_than_its_queue(tmp_path, model_dir):
 def test_serve_command_starts_answers_and_stops_every_node_on_sigterm(tmp_path, model_dir, capsys):
     sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(model_dir, capacity="20 kB", cache="4 kB"))
     pl = solve(sc, "slimcaching", tmp_path / "pl.json")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tmpdir = tmp_path / "tmp"  # where the run's keys and logs go: removed when it stops
+    tmpdir.mkdir()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmpdir))
     proc = subprocess.Popen([sys.executable, "-m", "slimcaching.cli", "serve", str(sc), str(pl), "--model",
                              str(model_dir), "--port", "0", "--no-emulate"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -383,6 +385,7 @@ def test_serve_command_starts_answers_and_stops_every_node_on_sigterm(tmp_path, 
         assert "leaked" not in err and "Traceback" not in err and "Warning" not in err, err
         assert "stopped: the server, the devices and every node it started" in err, err
         assert not [ln for ln in err.splitlines() if len(re.findall(r"\d s\)", ln)) > 1], err  # one time a line
+        assert not [p.name for p in tmpdir.iterdir() if p.name.startswith("slimcaching-")]
         deadline = time.time() + 10
         while any(_alive(p) for p in children) and time.time() < deadline:
             time.sleep(0.1)

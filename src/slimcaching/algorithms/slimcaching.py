@@ -309,7 +309,7 @@ def _polish(problem: Problem, dec: Decomposition, seq: list[int], budget: float,
                 break
             dec.restore(snap)
         if not improved and stopped is None:
-            stopped = "no improving kick"
+            stopped = "no perturbation improves it"
     out = {"kicks": kicks, "improvements": improvements, "stopped": stopped,
            "gain": (first - best) / first if first > 0 else 0.0}
     if last_window is not None:
