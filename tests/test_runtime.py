@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,17 +42,20 @@ PROMPTS = ["w1 w2 w3 w4 w5", "w9 w7"]
 
 
 @pytest.fixture(autouse=True)
-def temp_folders_are_removed(tmp_path_factory, monkeypatch):
+def temp_folders_are_removed(monkeypatch):
     """Every test here runs with its own temporary directory (the commands' and the processes'
     they start) and fails if a ``slimcaching-*`` folder of a command is left in it: the run's keys
     and logs go on exit, on error and on Ctrl-C."""
+    import shutil
     import tempfile
 
-    d = tmp_path_factory.mktemp("tmpdir")
+    # short: Ray puts its sockets under TMPDIR, and a socket's path holds at most 107 bytes
+    d = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
     monkeypatch.setattr(tempfile, "tempdir", str(d))
     monkeypatch.setenv("TMPDIR", str(d))
     yield d
     left = sorted(p.name for p in d.iterdir() if p.name.startswith("slimcaching-"))
+    shutil.rmtree(d, ignore_errors=True)
     assert not left, f"temporary folders left behind: {left}"
 
 

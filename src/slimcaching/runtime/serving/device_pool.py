@@ -305,8 +305,7 @@ class DevicePool:
         if self.events is None:
             return
         queues = [q for q in (*self.queues, self.events) if q is not None]
-        # the processes keep their arguments (the queues) alive: they go too, joined already
-        self.queues, self.procs, self.events = [None] * self.n, [None] * self.n, None
+        self.queues, self.events = [None] * self.n, None  # (a started Process drops its arguments)
         for q in queues:
             q.close()
             q.join_thread()
