@@ -319,6 +319,7 @@ def test_a_counts_only_profile_file_keeps_its_weights_not_its_draws(tmp_path):
     ({"top_k": 0}, "top_k: a whole number >= 1"),
     ({"tokens": 2.5}, "tokens: a whole number >= 1"),
     ({"tokens": 10**12}, "tokens"),
+    ({"tokens": 11_000_000}, "tokens x experts drawn of 33,000,000 exceeds the limit"),
     ({"seed": -1}, "seed: a whole number >= 0"),
     ({"weights": [1.0, 0.0, 0.0], "top_k": 2}, "too few to draw top_k=2"),
     ({"extra": 1}, "needs exactly the keys"),

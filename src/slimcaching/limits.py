@@ -18,6 +18,7 @@ DEFAULTS = {
     "experts": 65_536,  # experts per layer
     "items": 20_000_000,  # (model, layer, expert) items over all models
     "profile_sets": 20_000_000,  # co-activation sets over all layers of one profile
+    "drawn_samples": 32_000_000,  # tokens x experts of one layer drawn under independence (256 MB of noise)
     "synthetic_tokens": 10_000_000,  # tokens a synthetic profile draws
     "simulate_tokens": 50_000_000,  # tokens x layers drawn by simulate
     "yaml_values": 5_000_000,  # values a YAML file stands for once aliases are expanded

@@ -297,7 +297,7 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
         if type(v) is not int or v < lo or v >= 2**63:
             raise ScenarioError(f"{where}.{key}", f"a whole number >= {lo}", v)
     check("profile_sets", tokens, f"{where}.tokens", "tokens drawn")
-    check("profile_sets", tokens * len(w) // 64, f"{where}.tokens", "tokens x experts / 64 drawn")
+    check("drawn_samples", tokens * len(w), f"{where}.tokens", "tokens x experts drawn")
     if not isinstance(always, list) or any(type(e) is not int or not 0 <= e < len(w) for e in always):
         raise ScenarioError(f"{where}.always", f"expert ids in 0..{len(w) - 1}", always)
     if len(set(always)) != len(always) or len(always) > k:

@@ -611,6 +611,8 @@ def to_profile(imp: Imported, model: str, phases: tuple[int, ...] = (0, 1), toke
     if imp.per_token:
         prof = imp.trace().to_profile(model, phases)
     else:
+        check("drawn_samples", tokens * imp.counts.shape[1], "--tokens", "tokens x experts drawn")
+        check("profile_sets", tokens * len(imp.counts), "--tokens", "tokens x layers drawn")
         noise = gumbel_noise(tokens, imp.counts.shape[1], seed)  # the same for every layer: made once
         layers = [independent_sets(c, imp.top_k, tokens, seed, noise=noise) for c in imp.counts]
         meta = dict(imp.meta)
