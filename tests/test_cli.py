@@ -392,3 +392,25 @@ def test_co_local_placements_are_stamped_with_the_scenario_as_given(tmp_path, ti
     capsys.readouterr()
     assert main(["evaluate", str(tiny), str(pl)]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_help_shows_no_value_for_an_on_off_flag(capsys, monkeypatch):
+    """`--bound` takes no value: no command's help labels a flag `<bool>` (typer's default)."""
+    from typer.main import get_command
+
+    from slimcaching.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def paths(cmd, prefix):
+        yield prefix
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from paths(sub, [*prefix, name])
+
+    seen = 0
+    for path in paths(get_command(app), []):
+        assert main([*path, "--help"]) == 0, path
+        text = capsys.readouterr().out
+        assert "--help" in text and "<bool>" not in text, (path, text)
+        seen += 1
+    assert seen > 20

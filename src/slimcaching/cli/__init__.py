@@ -141,9 +141,24 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
+def _plain_flags(cmd) -> None:
+    """The help shows no value type for an on/off flag: typer labels ``--bound`` ``<bool>``, which
+    reads as if it took a value (``--bound true``)."""
+    try:  # --help itself, made (and kept) by the command on first use
+        helps = [cmd.get_help_option(typer.Context(cmd))]
+    except Exception:  # noqa: BLE001 - an older or newer typer: its label stays, nothing breaks
+        helps = []
+    for param in [*getattr(cmd, "params", ()), *helps]:
+        if getattr(param, "is_bool_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_flags(sub)
+
+
 def _main(argv: list[str]) -> int:
     try:
         cmd = get_command(app)  # inside: typer inspects every command here, which takes a moment
+        _plain_flags(cmd)
         rv = cmd.main(args=argv, prog_name="slimcaching", standalone_mode=False)
         if isinstance(rv, int) and not isinstance(rv, bool):  # typer.Exit(code) comes back as a value
             if rv == 130:  # typer's answer to Ctrl-C (Exit(130)), which it does not announce

@@ -33,7 +33,9 @@ def solve_cmd(
     scenario: ScenarioArg = "default",
     algorithm: Annotated[str, typer.Option("--algorithm", "-a", help="Algorithm name.")] = "slimcaching",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Placement JSON file.")] = None,
-    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", metavar="NAME=VALUE",
+        help="An algorithm parameter (repeatable; 'slimcaching algorithms' lists them).")] = None,
     time_limit: Annotated[float | None, typer.Option(
         "--time-limit", help="Wall-clock cap in seconds: for exact, HiGHS's (its warm start, a slimcaching solve, "
                              "comes on top); for slimcaching and slimcaching-fast, no sweep, start or polish step "
