@@ -28,6 +28,13 @@ class ScenarioError(ValueError):
         new.field = field
         return new
 
+    def followed_by(self, context: str) -> ScenarioError:
+        """The same error with ``; context`` at the end of its line (what else the reader should know)."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.args = (f"{self}; {context}",)
+        return new
+
 
 def did_you_mean(name: object, known) -> str:
     """`` (did you mean 'x'?)`` for the known name nearest to ``name``, or nothing."""

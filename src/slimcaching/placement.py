@@ -146,9 +146,7 @@ def placement_from_dict(data: Any, problem: Problem, where: str = "placement") -
         other = other_scenario(made_for, problem.scenario)
         if other is None:
             raise
-        err = ScenarioError(exc.field, f"{str(exc)[len(exc.field) + 2:]}; {other}", show_value=False)
-        err.value = exc.value
-        raise err from None
+        raise exc.followed_by(other) from None
     pl.made_for = made_for
     return pl
 

@@ -89,8 +89,6 @@ def canonical_json(sc: Scenario) -> str:
     return json.dumps(canonical_dict(sc), indent=1, allow_nan=False) + "\n"
 
 
-
-
 def scenario_fingerprint(sc: Scenario) -> str:
     """16 hex digits of SHA-256 over the canonical form: the same however the scenario was written
     (units, user groups, generators, key order), different when anything in it changes. Placement

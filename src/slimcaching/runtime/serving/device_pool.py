@@ -186,7 +186,7 @@ class DevicePool:
                 msg = events.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_workers()
-                if self.closed and not any(p is not None and p.is_alive() for p in self.procs):
+                if self.closed and not any(p.is_alive() for p in self.procs):
                     return
                 continue
             except (EOFError, OSError, ValueError):  # ValueError: the queue was closed meanwhile
@@ -309,5 +309,5 @@ class DevicePool:
         for q in queues:
             q.close()
             q.join_thread()
-        del queues, q
+        queues = q = None  # the last references: the semaphores go with the collection
         gc.collect()
