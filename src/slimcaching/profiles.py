@@ -21,6 +21,8 @@ from slimcaching.fileio import atomic_output, atomic_write, load_npz, npz_header
 from slimcaching.limits import check, limit
 
 PROB_TOLERANCE = 1e-6
+INDEPENDENT = "independent"  # a layer kept as the arguments its sets are drawn from (independent_layer)
+_DRAWN_KEYS = ("weights", "always", "top_k", "tokens", "seed")
 
 
 @dataclass
@@ -209,9 +211,6 @@ class Profile:
         self.validate(len(self.layers), max(top + 1, 1), max(k, 1), where)
 
 
-INDEPENDENT = "independent"
-
-
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of a matrix of ids >= 0 in ``np.unique(axis=0)``'s order, with their
     counts: each row packed into one int64 when it fits in 63 bits (a 1-D sort, ~15x faster).
@@ -228,7 +227,6 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = (rows.astype(np.int64) << shifts).sum(axis=1)
     uniq, counts = np.unique(keys, return_counts=True)
     return (uniq[:, None] >> shifts) & ((1 << bits) - 1), counts
-_DRAWN_KEYS = ("weights", "always", "top_k", "tokens", "seed")
 
 
 def gumbel_noise(tokens: int, experts: int, seed: int) -> np.ndarray:
@@ -290,12 +288,15 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
     if not isinstance(w, list) or not w or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in w):
         raise ScenarioError(f"{where}.weights", "a list of numbers, one per expert")
     check("experts", len(w), f"{where}.weights", "experts")
-    weights = np.asarray(w, dtype=np.float64)
+    try:
+        weights = np.asarray(w, dtype=np.float64)
+    except OverflowError:  # an integer beyond any float
+        weights = np.array([np.inf])
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise ScenarioError(f"{where}.weights", "weights must be finite and >= 0")
-    for key, v, lo in (("top_k", k, 1), ("tokens", tokens, 1), ("seed", seed, 0)):
-        if type(v) is not int or v < lo or v >= 2**63:
-            raise ScenarioError(f"{where}.{key}", f"a whole number >= {lo}", v)
+    for key, v, lo, hi in (("top_k", k, 1, len(w)), ("tokens", tokens, 1, 2**63 - 1), ("seed", seed, 0, 2**63 - 1)):
+        if type(v) is not int or not lo <= v <= hi:
+            raise ScenarioError(f"{where}.{key}", f"a whole number from {lo} to {hi}", v)
     check("profile_sets", tokens, f"{where}.tokens", "tokens drawn")
     check("drawn_samples", tokens * len(w), f"{where}.tokens", "tokens x experts drawn")
     if not isinstance(always, list) or any(type(e) is not int or not 0 <= e < len(w) for e in always):
