@@ -14,10 +14,10 @@ import json
 import resource
 
 from slimcaching.algorithms import solve
-from slimcaching.bounds import gap, lower_bound
-from slimcaching.generate import generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.bounds.certificate import gap, lower_bound
+from slimcaching.inputs.generate import generate_scenario_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Instances (``scenario new`` defaults, one model per user, 5 servers x 50 users):
 (64 experts, top-8), Qwen3-30B-A3B + DeepSeek-V3 (128 / 256 experts, top-8), and three more
 OLMoE instances drawn with seeds 1-3. For each: the ``slimcaching`` latency; "before", the
 capacity-levels bound (what ``--bound`` certified when the LP was out of reach); "after",
-:func:`slimcaching.bounds.lower_bound` with its default 60-s budget; times and peak memory.
+:func:`slimcaching.bounds.certificate.lower_bound` with its default 60-s budget; times and peak memory.
 
 Run: python benchmarks/bench_certificates_top8.py [--budget 60] [--only olmoe] [--json OUT]
 """
@@ -18,10 +18,10 @@ import resource
 import time
 
 from slimcaching.algorithms import solve
-from slimcaching.bounds import gap, home_bound, lower_bound
-from slimcaching.generate import generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.bounds.certificate import gap, home_bound, lower_bound
+from slimcaching.inputs.generate import generate_scenario_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 INSTANCES = {
     "olmoe": dict(models=["olmoe-1b-7b"]),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slimcaching.evaluation.figures import line_style, pyplot, save_figure
 from slimcaching.experiments.drift import (
     FULL,
     SCENARIOS,
@@ -30,7 +31,6 @@ from slimcaching.experiments.drift import (
     run_drift,
     run_pattern,
 )
-from slimcaching.figures import line_style, pyplot, save_figure
 
 
 def phase_sweep(lengths: list[int], out: Path, seed: int = 0) -> list[dict]:

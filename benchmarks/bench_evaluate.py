@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from slimcaching.generate import generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.inputs.generate import generate_scenario_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 
 def bench(name: str, data: dict, repeats: int = 20) -> dict:

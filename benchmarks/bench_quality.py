@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slimcaching.quality import quality_table
+from slimcaching.experiments.quality import quality_table
 
 OURS = ("slimcaching", "slimcaching-fast")
 

@@ -362,11 +362,11 @@ GRID_ARCHITECTURES = {"slimcaching": "800 kB", "u-shaped": "3 MB", "slimcaching-
 
 def bench_grid(tmp: Path, rtts=(0.0005, 0.005, 0.02), speeds=("fast", "slow"), archs=tuple(GRID_ARCHITECTURES),
                tokens: int = 12) -> dict:
-    from slimcaching.evaluation import placement_breakdown, problem_for
-    from slimcaching.placement import load_placement
-    from slimcaching.problem import build_problem
+    from slimcaching.evaluation.breakdown import placement_breakdown, problem_for
     from slimcaching.runtime.harness.calibrate import calibrate, dense_gap_s, message_overhead
-    from slimcaching.scenario import load_scenario
+    from slimcaching.system.placement import load_placement
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import load_scenario
 
     model = _model(tmp, layers=3, experts=6)
     cal = calibrate(str(model))

@@ -43,7 +43,7 @@ def measured_profile(preset: str, task: str, tokens: int = 1000) -> Path:
     model's routing: random routers spread the sets far wider than a trained model's (nearly every
     token its own co-activation set), the planner's hard case for wide top-K. Cached on disk."""
     from slimcaching.cli import main as cli
-    from slimcaching.presets import resolve_preset
+    from slimcaching.inputs.presets import resolve_preset
     from slimcaching.runtime.model.tiny import build_tiny_model
 
     arch = resolve_preset(preset)
@@ -70,10 +70,10 @@ def measured_profile(preset: str, task: str, tokens: int = 1000) -> Path:
 
 def one(size: str, algo: str, models: str = "", models_per_user: int = 2, routing: str = "synthetic") -> dict:
     from slimcaching.algorithms import solve
-    from slimcaching.evaluation import placement_latency
-    from slimcaching.generate import generate_scenario_dict
-    from slimcaching.problem import build_problem
-    from slimcaching.scenario import resolve_scenario
+    from slimcaching.evaluation.breakdown import placement_latency
+    from slimcaching.inputs.generate import generate_scenario_dict
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import resolve_scenario
 
     servers, users = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
@@ -150,7 +150,7 @@ def main() -> None:
               flush=True)
     fits = {}
     if args.shapes:  # time per MoE layer against E over the top-8 shapes, per size
-        from slimcaching.presets import resolve_preset
+        from slimcaching.inputs.presets import resolve_preset
 
         for algo in args.algos.split(","):
             for size in args.sizes.split(","):

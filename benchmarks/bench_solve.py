@@ -19,10 +19,10 @@ import time
 from _fit import slope, write_results
 
 from slimcaching.algorithms import solve
-from slimcaching.evaluation import placement_latency
-from slimcaching.generate import generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.evaluation.breakdown import placement_latency
+from slimcaching.inputs.generate import generate_scenario_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 FAST_ALGOS = ["slimcaching", "slimcaching-fast", "greedy", "lfu", "random", "none", "u-shaped"]
 
@@ -74,7 +74,7 @@ def main() -> None:
                                            capacity="10 GB", local_cache="1 GB", profile_tokens=1000),
                     algos, "large presets")
     if "exact" in parts:
-        from slimcaching.quality import random_instance
+        from slimcaching.inputs.families import random_instance
 
         for k in (2, 3):
             for seed in range(5):

@@ -15,11 +15,11 @@ import json
 import sys
 
 from slimcaching.algorithms import solve
-from slimcaching.evaluation import placement_latency
-from slimcaching.generate import generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.quality import random_instance
-from slimcaching.scenario import resolve_scenario
+from slimcaching.evaluation.breakdown import placement_latency
+from slimcaching.inputs.families import random_instance
+from slimcaching.inputs.generate import generate_scenario_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 ALGOS = ["slimcaching", "slimcaching-fast", "greedy-k1", "greedy"]
 

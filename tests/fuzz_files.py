@@ -25,7 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from hostile_cases import BASE, MODEL, Case, _model_dir, _npy, _placement, _profile, run_in_process
-from slimcaching.fileio import to_toml
+from slimcaching.inputs.fileio import to_toml
 
 HOSTILE = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64), st.floats(allow_nan=True),
                     st.text(max_size=12), st.just("1e999 GB"), st.just("\x1b[31m"), st.just([]), st.just({}),

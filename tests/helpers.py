@@ -1,7 +1,7 @@
 """Shared test helpers: tiny random scenarios and a slow reference latency model.
 
 The reference is written straight from SPEC section 3 with plain Python loops and its own
-Floyd-Warshall, so it shares no code with ``slimcaching.problem``.
+Floyd-Warshall, so it shares no code with ``slimcaching.system.problem``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from slimcaching.scenario import resolve_local_caches
+from slimcaching.system.scenario import resolve_local_caches
 
 
 def nth_combination(n: int, k: int, index: int) -> list[int]:

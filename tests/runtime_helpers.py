@@ -41,7 +41,7 @@ def solve(scenario: Path, algorithm: str, out: Path, *extra: str) -> Path:
 
 def all_edge_placement(scenario: Path, out: Path) -> Path:
     """Every expert of every layer on an edge server (round-robin over servers)."""
-    from slimcaching.scenario import load_scenario
+    from slimcaching.system.scenario import load_scenario
 
     sc = load_scenario(scenario)
     m = sc.models[0]

@@ -16,9 +16,9 @@ from slimcaching.algorithms.core.knapsack import knapsack, maxplus_merge
 from slimcaching.algorithms.core.values import value_table
 from slimcaching.algorithms.slimcaching import server_groups, solve_server
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import placement_latency
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_local_caches, resolve_scenario
+from slimcaching.evaluation.breakdown import placement_latency
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_local_caches, resolve_scenario
 
 ALL = algorithm_names()
 CONTRACT_SCENARIOS = [

@@ -94,8 +94,8 @@ def test_no_private_names_across_modules():
 def test_the_graph_sees_a_circle():
     """The check itself can fail: a made-up circle through two real modules is found."""
     g = import_graph()
-    g.add_edge("slimcaching.latency", "slimcaching.problem")
-    assert any("slimcaching.latency" in c for c in nx.simple_cycles(g))
+    g.add_edge("slimcaching.system.latency", "slimcaching.system.problem")
+    assert any("slimcaching.system.latency" in c for c in nx.simple_cycles(g))
 
 
 def test_imports_inside_functions_say_why():
@@ -160,8 +160,72 @@ def test_layers_import_only_downwards():
 
 def test_the_layering_rule_can_fail():
     g = import_graph()
-    g.add_edge("slimcaching.problem", "slimcaching.runtime.node")
-    assert layering_violations(g) == ["slimcaching.problem -> slimcaching.runtime.node"]
+    g.add_edge("slimcaching.system.problem", "slimcaching.runtime.node")
+    assert layering_violations(g) == ["slimcaching.system.problem -> slimcaching.runtime.node"]
+
+
+# inside the planner, by package: a rank each; a module imports only its own package and lower ranks
+# (docs/development.md, "Layout"). The top-level modules (errors, version, catalogue) are rank 0.
+PLANNER_RANK = {"": 0, "inputs": 1, "system": 2, "evaluation": 3, "algorithms": 4, "bounds": 5}
+
+
+def _planner_part(module: str) -> str | None:
+    """The planner package a module belongs to ("" for a top-level module), None outside the planner."""
+    if _layer(module) != "planner":
+        return None
+    parts = module.split(".")
+    if len(parts) == 1 or (len(parts) == 2 and parts[1] not in PLANNER_RANK):
+        return ""
+    return parts[1]
+
+
+def planner_violations(graph: nx.DiGraph) -> list[str]:
+    bad = []
+    for a, b in graph.edges:
+        pa, pb = _planner_part(a), _planner_part(b)
+        if pa is None or pb is None or pa == pb:
+            continue
+        if PLANNER_RANK[pb] >= PLANNER_RANK[pa]:
+            bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_planner_packages_import_only_downwards():
+    """top level < inputs < system < evaluation < algorithms < bounds (docs/development.md)."""
+    g = import_graph()
+    parts = {_planner_part(m) for m in g.nodes} - {None}
+    assert parts <= set(PLANNER_RANK), parts - set(PLANNER_RANK)
+    bad = planner_violations(g)
+    assert not bad, "planner layering broken: " + "; ".join(bad)
+
+
+def test_the_planner_rule_can_fail():
+    g = import_graph()
+    g.add_edge("slimcaching.inputs.profiles", "slimcaching.system.problem")  # upwards
+    g.add_edge("slimcaching.system.latency", "slimcaching.bounds.certificate")  # upwards, far
+    g.add_edge("slimcaching.errors", "slimcaching.inputs.units")  # the top level is the bottom rank
+    assert planner_violations(g) == ["slimcaching.errors -> slimcaching.inputs.units",
+                                     "slimcaching.inputs.profiles -> slimcaching.system.problem",
+                                     "slimcaching.system.latency -> slimcaching.bounds.certificate"]
+
+
+def test_the_top_level_stays_small():
+    """At most eight modules at the package's top level: everything else lives in a package by concern."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
+
+
+def test_the_planner_map_lists_every_module_once():
+    """docs/development.md's "Layout" table names every module outside runtime/ exactly once."""
+    import re
+
+    text = (PACKAGE.parents[1] / "docs" / "development.md").read_text()
+    section = text.split("## Layout", 1)[1].split("### The runtime", 1)[0]
+    listed = re.findall(r"^\| `([\w/]+\.py)` \|", section, re.M)
+    actual = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                    if p.relative_to(PACKAGE).parts[0] != "runtime")
+    assert sorted(listed) == actual, (sorted(set(actual) - set(listed)), sorted(set(listed) - set(actual)))
+    assert len(listed) == len(set(listed)), "listed twice"
 
 
 # inside the runtime, by subpackage: a rank each; a module imports only its own subpackage and lower
@@ -251,11 +315,11 @@ def test_one_peer_health_tracker():
 
 
 def test_one_capacity_tolerance():
-    """"Does it fit" is slimcaching.capacity.fits everywhere: no module writes its own slack."""
+    """"Does it fit" is slimcaching.system.capacity.fits everywhere: no module writes its own slack."""
     import re
 
     slack = re.compile(r"(capacity|free|room|cache_bytes)\b.*(\(1 [+-] 1e-\d+\)|\* 1e-\d+\b)")
-    bad = [f"{name}: {line.strip()}" for name, path in MODULES.items() if name != "slimcaching.capacity"
+    bad = [f"{name}: {line.strip()}" for name, path in MODULES.items() if name != "slimcaching.system.capacity"
            for line in path.read_text().splitlines() if slack.search(line) and "slots" not in line]
     assert not bad, bad
 

@@ -10,14 +10,14 @@ import pytest
 
 from helpers import tiny_scenario_dict
 from slimcaching.algorithms import solve
-from slimcaching.architectures import PARTS, latency_parts, mean_latency
 from slimcaching.cli import main
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import placement_breakdown
-from slimcaching.placement import placement_from_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import canonical_dict, resolve_scenario
-from slimcaching.simulate import simulate_tokens
+from slimcaching.evaluation.breakdown import placement_breakdown
+from slimcaching.evaluation.simulate import simulate_tokens
+from slimcaching.system.architectures import PARTS, latency_parts, mean_latency
+from slimcaching.system.placement import placement_from_dict
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import canonical_dict, resolve_scenario
 
 
 def _problem(**kw):
@@ -237,8 +237,8 @@ def test_cli_solve_evaluate_simulate_hybrid(tmp_path, capsys):
 
 
 def test_expected_utilisation_matches_the_queueing_simulation():
-    from slimcaching.architectures import utilisation
-    from slimcaching.queueing import simulate_queueing
+    from slimcaching.evaluation.queueing import simulate_queueing
+    from slimcaching.system.architectures import utilisation
 
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,
                        reach=1)
@@ -255,8 +255,8 @@ def test_hybrid_under_load_avoids_saturating_the_edge():
     """Split-style serving puts every layer's compute on the split server: planned for the unloaded
     network, the hybrid saturates a server at this load; planned for the load, it does not, and its
     simulated latency is below every baseline's."""
-    from slimcaching.architectures import utilisation
-    from slimcaching.queueing import simulate_queueing
+    from slimcaching.evaluation.queueing import simulate_queueing
+    from slimcaching.system.architectures import utilisation
 
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=400,
                        reach=1)
@@ -284,7 +284,7 @@ def test_hybrid_under_load_avoids_saturating_the_edge():
 
 @pytest.mark.parametrize("name", ["u-shaped", "u-shaped-partial", "slimcaching-hybrid"])
 def test_queueing_split_style_matches_analytic_at_low_load_and_queues_at_high(name):
-    from slimcaching.queueing import simulate_queueing
+    from slimcaching.evaluation.queueing import simulate_queueing
 
     problem = _problem(seed=3, servers=3, users=6, experts=4, top_k=2, layers=2, models=2, capacity_experts=55,
                        reach=1, overhead=True)
@@ -304,7 +304,7 @@ def test_split_device_time_adds_to_split_options_only():
     """``split_device_s`` (the device's own part of a split-style token) adds exactly s_u to every
     split option of the user's pairs and nothing to SlimCaching-style ones; zero leaves every number
     as it was; large enough, the hybrid serves the pair SlimCaching-style instead."""
-    from slimcaching.architectures import SLIM, pair_options, serve
+    from slimcaching.system.architectures import SLIM, pair_options, serve
 
     kw = dict(seed=5, servers=3, users=4, experts=4, top_k=2, layers=2, models=2, capacity_experts=55)
     d = tiny_scenario_dict(**kw)

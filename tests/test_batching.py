@@ -167,10 +167,10 @@ def test_concurrent_users_through_a_paced_batching_cluster_get_the_models_tokens
 
 
 def test_simulated_batching(setup):
-    from slimcaching.placement import load_placement
-    from slimcaching.problem import build_problem
-    from slimcaching.queueing import simulate_queueing
-    from slimcaching.scenario import load_scenario
+    from slimcaching.evaluation.queueing import simulate_queueing
+    from slimcaching.system.placement import load_placement
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import load_scenario
 
     _, sc, pl, _ = setup
     problem = build_problem(load_scenario(sc))

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from helpers import brute_force, tiny_scenario_dict
 from slimcaching.algorithms import solve
-from slimcaching.bounds import gap, lower_bound, storage_bound
-from slimcaching.formulation import build_formulation, dual_bound, solve_lp_bound
-from slimcaching.problem import build_problem
-from slimcaching.quality import random_instance
-from slimcaching.scenario import resolve_scenario
+from slimcaching.bounds.certificate import gap, lower_bound, storage_bound
+from slimcaching.inputs.families import random_instance
+from slimcaching.system.formulation import build_formulation, dual_bound, solve_lp_bound
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 
 def _problem(**kw):
@@ -117,7 +117,7 @@ def test_cli_bound_and_exact_time_limit(tmp_path):
 def test_home_bound_never_exceeds_the_optimum(seed):
     """The levels bound is below the brute-force optimum (device caches, K = 1..3, one or two
     models, reach: virtual homes), and above the unlimited-storage bound."""
-    from slimcaching.bounds import home_bound
+    from slimcaching.bounds.certificate import home_bound
 
     problem = _problem(seed=seed, servers=2 + seed % 2, users=3 + seed % 3, experts=3, top_k=1 + seed % 3, layers=2,
                        models=1 + seed % 2, capacity_experts=1.5 + seed % 3, local_experts=seed % 2,
@@ -142,11 +142,11 @@ def test_home_bound_fallbacks_stay_valid(monkeypatch):
     bound only weakens; a capacity grid that is not exact rounds sizes down."""
     import slimcaching.algorithms.core.values as tables
     from slimcaching.algorithms.core.knapsack import capacity_units
-    from slimcaching.bounds import _units_down, home_bound
+    from slimcaching.bounds.certificate import _units_down, home_bound
 
     problem = _problem(seed=3, servers=3, users=5, experts=4, top_k=2, layers=2, models=2, capacity_experts=2.5)
     exact = home_bound(problem)
-    import slimcaching.bounds as bounds_module
+    import slimcaching.bounds.certificate as bounds_module
 
     for module in (tables, bounds_module):  # bounds imports the limit by name
         monkeypatch.setattr(module, "MAX_ZETA_CANDIDATES", 1)
@@ -160,7 +160,7 @@ def test_home_bound_fallbacks_stay_valid(monkeypatch):
 def test_highs_prints_no_banner(capfd):
     """HiGHS >= 1.16 prints its banner on construction, before output can be switched off: the
     solver objects are built with the C stdout muted, and stdout works afterwards."""
-    from slimcaching.formulation import _quiet_highs
+    from slimcaching.system.formulation import _quiet_highs
 
     h = _quiet_highs()
     problem = _problem(seed=1, servers=2, users=3, experts=3, top_k=2, layers=1, models=1, capacity_experts=2)
@@ -188,7 +188,7 @@ def test_lower_bound_says_which_bound_it_computes():
 def test_coverage_upper_bound_is_above_the_best_coverage(seed, hub):
     """The wide-group table of the capacity-levels bound: at or above the best coverage of every
     size k (brute force over all subsets), and equal to it when every expert is in the exact part."""
-    from slimcaching.bounds import coverage_upper_bound
+    from slimcaching.bounds.certificate import coverage_upper_bound
 
     rng = np.random.default_rng(seed)
     e, k_width, rows = int(rng.integers(3, 10)), int(rng.integers(1, 6)), int(rng.integers(1, 25))
@@ -228,8 +228,8 @@ def _brute_priced(sets, valid, gain, price, kmax):
 def test_priced_table_is_above_the_best_priced_coverage(seed, hub, tilt):
     """The coupled bound's tables: for any prices, at or above max over |Y| <= k of the gain of
     the rows within Y minus Y's price (brute force), whatever the hub and the split of the gains."""
-    import slimcaching.bounds_coupled as coupled
-    from slimcaching.bounds_levels import LevelGroup
+    import slimcaching.bounds.coupled as coupled
+    from slimcaching.bounds.levels import LevelGroup
 
     rng = np.random.default_rng(seed)
     e, k_width, rows = int(rng.integers(3, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 20))
@@ -257,8 +257,8 @@ def test_coupled_bound_never_exceeds_the_optimum(seed, monkeypatch):
     """The Lagrangian bound over the servers' contents is below the proven optimum (device caches,
     K = 1..3, one or two models, reach) for any prices it visits, with exact tables and with the
     hub-and-charges tables forced, and it starts at the capacity-levels bound."""
-    import slimcaching.bounds_coupled as coupled
-    from slimcaching.bounds import home_bound
+    import slimcaching.bounds.coupled as coupled
+    from slimcaching.bounds.certificate import home_bound
 
     problem = _problem(seed=seed, servers=2 + seed % 2, users=3 + seed % 3, experts=3 + seed % 3, top_k=1 + seed % 3,
                        layers=2, models=1 + seed % 2, capacity_experts=1.5 + seed % 3, local_experts=seed % 2,
@@ -280,7 +280,7 @@ def test_coupled_bound_never_exceeds_the_optimum(seed, monkeypatch):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_fractional_knapsack_is_above_every_integer_choice(seed):
-    from slimcaching.bounds_coupled import _fractional_knapsack
+    from slimcaching.bounds.coupled import _fractional_knapsack
 
     rng = np.random.default_rng(seed)
     n, e = int(rng.integers(1, 3)), int(rng.integers(1, 7))

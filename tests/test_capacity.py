@@ -1,4 +1,4 @@
-"""The one storage test (slimcaching.capacity): its laws, and the same answer at every site."""
+"""The one storage test (slimcaching.system.capacity): its laws, and the same answer at every site."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slimcaching.capacity import fits, how_many
+from slimcaching.system.capacity import fits, how_many
 
 rooms = st.floats(0.0, 1e13, allow_nan=False)
 sizes = st.floats(1.0, 1e11, allow_nan=False)
@@ -38,8 +38,8 @@ def test_a_placement_an_algorithm_builds_is_one_the_checker_accepts():
     and the placement check (Problem.feasible) accepts what they built."""
     from helpers import tiny_scenario_dict
     from slimcaching.algorithms import solve
-    from slimcaching.problem import build_problem
-    from slimcaching.scenario import resolve_scenario
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import resolve_scenario
 
     p = build_problem(resolve_scenario(tiny_scenario_dict(seed=3, servers=3, users=6, experts=8,
                                                           capacity_experts=3.0)))

@@ -216,7 +216,7 @@ def test_every_parameter_arrives_with_its_declared_type(tmp_path, capsys, monkey
     import functools
 
     from slimcaching.algorithms import ALGORITHMS, algorithm_names, get_algorithm
-    from slimcaching.quality import random_instance
+    from slimcaching.inputs.families import random_instance
 
     scen = tmp_path / "s.json"
     scen.write_text(json.dumps(random_instance(7, 2)))
@@ -305,7 +305,7 @@ def test_a_bare_number_keeps_its_meaning_in_the_suggestion():
     import re
 
     from slimcaching.errors import ScenarioError
-    from slimcaching.units import parse_flag_quantity, parse_quantity
+    from slimcaching.inputs.units import parse_flag_quantity, parse_quantity
 
     for value, kind, hint in (("102000000", "bytes", "'102000000 B' or '102 MB'"), ("2.5", "bytes", "'2.5 GB'"),
                               ("50", "bits_per_s", "'50 Mbit/s'"), ("50000000", "bits_per_s", "'50 Mbit/s'")):

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import tiny_scenario_dict
-from slimcaching.adaptive import (
+from slimcaching.algorithms import solve
+from slimcaching.algorithms.adaptive import (
     ControllerConfig,
     changed,
     decide,
@@ -24,10 +25,9 @@ from slimcaching.adaptive import (
     split_window,
     token_variance,
 )
-from slimcaching.algorithms import solve
 from slimcaching.cli import main
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_local_caches, resolve_scenario
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_local_caches, resolve_scenario
 
 
 @settings(max_examples=60, deadline=None)
@@ -246,8 +246,8 @@ def test_a_migration_serves_each_copy_from_its_arrival():
     times all users' tokens per second), plus the moves' impact; the free oracle switches at once."""
     from slimcaching.algorithms.replan import replan
     from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios, run_pattern
-    from slimcaching.migration import migration_stages, migration_summary, move_costs
-    from slimcaching.scenario import scenario_at_phase
+    from slimcaching.system.migration import migration_stages, migration_summary, move_costs
+    from slimcaching.system.scenario import scenario_at_phase
 
     label, base = drift_scenarios(True)[0]
     n = QUICK.phase_tokens
@@ -277,7 +277,7 @@ def _switched(horizon: float):
     """The quick task switch: its scenario, the second phase's problem, the first phase's
     placement and the quick controller with ``horizon``."""
     from slimcaching.experiments.drift import QUICK, drift_scenario, drift_scenarios
-    from slimcaching.scenario import scenario_at_phase
+    from slimcaching.system.scenario import scenario_at_phase
 
     _, base = drift_scenarios(True)[0]
     sc = drift_scenario(base, "task-switch", 1000)
@@ -288,7 +288,7 @@ def _switched(horizon: float):
 def test_the_gain_counts_each_copy_from_its_arrival():
     """decide's predicted gain is the staged gain over the horizon (each copy from its arrival);
     a horizon that ends before any copy can arrive gains nothing, so it does not switch."""
-    from slimcaching.migration import migration_stages, move_costs, staged_gain
+    from slimcaching.system.migration import migration_stages, move_costs, staged_gain
 
     sc, p1, old, cfg = _switched(1e7)
     far = decide(p1, p1, old, cfg)
@@ -324,7 +324,7 @@ def test_a_new_migration_stops_the_one_under_way():
 def test_a_plan_must_beat_finishing_the_migration_under_way():
     """decide with a migration under way: its gain is already paid for, so proposing the same
     plan again gains nothing over finishing it and does not switch."""
-    from slimcaching.migration import migration_stages, move_costs, schedule_gain
+    from slimcaching.system.migration import migration_stages, move_costs, schedule_gain
 
     _, p1, old, cfg = _switched(1e6)
     first = decide(p1, p1, old, cfg)
@@ -344,7 +344,7 @@ def test_a_plan_must_beat_finishing_the_migration_under_way():
     (2, 10, False, False), (3, 10, False, True),  # a full window: every replan_every_checks checks
 ])
 def test_a_check_replans_when_it_has_something_new(since, window, change, due):
-    from slimcaching.adaptive import ControllerConfig, replan_due
+    from slimcaching.algorithms.adaptive import ControllerConfig, replan_due
 
     cfg = ControllerConfig(window_tokens=10, check_tokens=1, replan_every_checks=3)
     assert replan_due(cfg, since, window, change) is due
@@ -354,7 +354,7 @@ def test_a_check_replans_when_it_has_something_new(since, window, change, due):
 def test_the_drift_controller_replans_a_full_window_every_few_checks(monkeypatch):
     """On the quick task switch: with replan_every_checks = 1 the adaptive re-plans at every check;
     with 3, only while its window fills, at the change point and every third check otherwise."""
-    from slimcaching import adaptive
+    from slimcaching.algorithms import adaptive
     from slimcaching.experiments import drift
 
     label, base = drift.drift_scenarios(True)[0]

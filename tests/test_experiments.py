@@ -10,13 +10,13 @@ import pytest
 
 from helpers import tiny_scenario_dict
 from slimcaching.algorithms import solve
+from slimcaching.evaluation.simulate import simulate_tokens
 from slimcaching.experiments import EXPERIMENTS, run_experiment
 from slimcaching.experiments import runner as runner_mod
 from slimcaching.experiments.definitions import Experiment
 from slimcaching.experiments.plots import write_report
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
-from slimcaching.simulate import simulate_tokens
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 FAST = ["slimcaching-fast", "lfu", "none"]
 
@@ -146,7 +146,7 @@ def test_simulation_is_seeded():
 
 
 def test_queueing_matches_analytic_at_low_load_and_grows_with_load():
-    from slimcaching.queueing import simulate_queueing
+    from slimcaching.evaluation.queueing import simulate_queueing
 
     problem = build_problem(resolve_scenario(tiny_scenario_dict(seed=4, servers=3, users=4, experts=5, top_k=2,
                                                                 layers=3, models=2)))
@@ -162,8 +162,8 @@ def test_queueing_matches_analytic_at_low_load_and_grows_with_load():
 def test_trace_replay_matches_analytic_on_the_trace_profile(tmp_path):
     """Replaying a trace gives, on average, the analytic latency of the profile counted from it."""
     from slimcaching.cli import main
-    from slimcaching.profiles import profile_from_trace
-    from slimcaching.simulate import replay_trace
+    from slimcaching.evaluation.simulate import replay_trace
+    from slimcaching.inputs.profiles import profile_from_trace
 
     d = tiny_scenario_dict(seed=6, servers=2, users=1, experts=5, top_k=2, layers=3, models=1, local_experts=1)
     rng = np.random.default_rng(0)
@@ -216,7 +216,7 @@ def test_paired_ratios_divide_by_the_baseline_of_the_same_seed():
 
 
 def test_figure_styles_are_colour_blind_safe_and_distinct():
-    from slimcaching.figures import ALGORITHM_STYLE, BLUE, GREY, YELLOW, line_style, text_color
+    from slimcaching.evaluation.figures import ALGORITHM_STYLE, BLUE, GREY, YELLOW, line_style, text_color
 
     okabe_ito = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000", "#999999"}
     assert {c for c, *_ in ALGORITHM_STYLE.values()} <= okabe_ito

@@ -16,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from slimcaching import hf  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
 from slimcaching.errors import ScenarioError  # noqa: E402
-from slimcaching.profiles import Profile  # noqa: E402
+from slimcaching.inputs import hf  # noqa: E402
+from slimcaching.inputs.profiles import Profile  # noqa: E402
 
 VOCAB = 64
 COMMON = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

@@ -140,7 +140,7 @@ def test_torn_last_csv_line_is_run_again(tmp_path):
 def test_concurrent_writers_never_corrupt_an_output(tmp_path):
     import threading
 
-    from slimcaching.fileio import atomic_write
+    from slimcaching.inputs.fileio import atomic_write
 
     target = tmp_path / "out.json"
     texts = ["A" * 400_000 + "\n", "B" * 300_000 + "\n"]

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import placement_sets, reference_latency, tiny_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 
 def random_feasible(problem, rng, density=0.5):
@@ -138,7 +138,7 @@ def test_unreachable_servers_do_not_help():
 def test_rows_merged_while_building_give_the_same_objective(seed):
     """build_problem(merge_rows=True) merges identical rows per profile as it builds (for memory):
     the objective, its compact form and every algorithm's input agree with the full build."""
-    from slimcaching.generate import generate_scenario_dict
+    from slimcaching.inputs.generate import generate_scenario_dict
 
     sc = resolve_scenario(generate_scenario_dict(servers=3 + seed, users=40, seed=seed))
     full, merged = build_problem(sc), build_problem(sc, merge_rows=True)
@@ -165,7 +165,7 @@ def test_relay_path_lengths_match_networkx_to_the_bit(n, links, bits):
     the same relay graph: the same reachable pairs, the same floats."""
     import networkx as nx
 
-    from slimcaching.latency import relay_graph, relay_path_lengths
+    from slimcaching.system.latency import relay_graph, relay_path_lengths
 
     names = [f"s{i}" for i in range(n)]
     links = [(names[a], names[b], r, t) for a, b, r, t in links if a < n and b < n and a != b]

@@ -15,10 +15,10 @@ import pytest
 from helpers import tiny_scenario_dict
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.peers import balanced_pack, home_item_load, layer_slots, replicate
-from slimcaching.bounds import lower_bound
+from slimcaching.bounds.certificate import lower_bound
 from slimcaching.cli import main
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 PEERS = ("eplb", "topology-aware", "hot-experts")
 

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from slimcaching.quality import quality_table
+from slimcaching.experiments.quality import quality_table
 
 ALGOS = ["slimcaching", "slimcaching-fast", "greedy-k1", "greedy", "lfu", "random", "u-shaped"]
 

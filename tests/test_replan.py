@@ -13,7 +13,7 @@ from helpers import feasible_placements, tiny_scenario_dict
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.replan import fit_capacity, replan, replan_bound
 from slimcaching.cli import main
-from slimcaching.migration import (
+from slimcaching.system.migration import (
     CLOUD,
     MAX_UTILISATION,
     link_rates,
@@ -24,9 +24,9 @@ from slimcaching.migration import (
     replan_objective,
     staged_gain,
 )
-from slimcaching.placement import load_placement
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.system.placement import load_placement
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 
 def _problem(seed: int, **kw):

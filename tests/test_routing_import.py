@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from slimcaching.cli import main
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import RoutingTrace
-from slimcaching.profile_stats import provenance
-from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace, unique_rows
-from slimcaching.routing_import import inclusion_targets, independent_sets, read_routing, to_profile
+from slimcaching.evaluation.profile_stats import provenance
+from slimcaching.inputs.hf import RoutingTrace
+from slimcaching.inputs.profiles import Profile, RouterSimulator, profile_from_trace, unique_rows
+from slimcaching.inputs.routing_import import inclusion_targets, independent_sets, read_routing, to_profile
 
 E, K, LAYERS, DENSE = 16, 4, 3, 1  # the record's layer 0 is dense (DeepSeek-style first_k_dense_replace)
 

@@ -129,10 +129,10 @@ def test_cluster_output_equals_the_model(family, model_dirs, tmp_path):
 def test_per_token_prediction_matches_the_latency_model(model_dirs, tmp_path):
     """Each decoded token's prediction is SPEC section 3 for its sets, and averaged over the
     profile's distribution the same formula gives ``evaluate``'s T-bar for that user."""
-    from slimcaching.evaluation import problem_for
-    from slimcaching.placement import load_placement
-    from slimcaching.problem import build_problem
-    from slimcaching.scenario import load_scenario
+    from slimcaching.evaluation.breakdown import problem_for
+    from slimcaching.system.placement import load_placement
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import load_scenario
 
     d = model_dirs("mixtral")
     sc, pl = _setups(tmp_path, d)[2]
@@ -142,7 +142,7 @@ def test_per_token_prediction_matches_the_latency_model(model_dirs, tmp_path):
     base = build_problem(scen)
     placement = load_placement(pl, base)
     problem = problem_for(scen, placement) if placement.local else base
-    from slimcaching.evaluation import breakdown
+    from slimcaching.evaluation.breakdown import breakdown
 
     prof = scen.profiles["p"]
     expected = lay.user_dense_s["u0"] + sum(
@@ -477,9 +477,9 @@ def test_bad_inputs_one_line_no_orphans(model_dirs, tmp_path, capsys):
 
 
 def test_model_numbers_from_a_directory(model_dirs, tmp_path):
-    from slimcaching.hf import find_moe_layers, load_model
-    from slimcaching.model_dir import model_numbers
-    from slimcaching.scenario import canonical_json, load_scenario
+    from slimcaching.inputs.checkpoint import model_numbers
+    from slimcaching.inputs.hf import find_moe_layers, load_model
+    from slimcaching.system.scenario import canonical_json, load_scenario
 
     for family in ("mixtral", "deepseek_v3", "gpt_oss"):
         d = model_dirs(family)
@@ -698,7 +698,7 @@ def test_calibrated_model_predicts_a_paced_run(model_dirs, tmp_path):
 
 _PEAK = r"""
 import json, sys
-from slimcaching.hf import load_model
+from slimcaching.inputs.hf import load_model
 from slimcaching.runtime.cluster.context import load_context
 from slimcaching.runtime.device.offload import load_device_model
 from slimcaching.runtime.harness.run import peak_rss_bytes

@@ -11,10 +11,10 @@ import yaml
 
 from helpers import tiny_scenario_dict
 from slimcaching.errors import ScenarioError
-from slimcaching.presets import ARCHS, resolve_preset
-from slimcaching.profiles import Profile, RouterSimulator, profile_from_trace, synthetic_profile
-from slimcaching.scenario import canonical_json, lfu_local_cache, load_scenario, resolve_scenario
-from slimcaching.units import parse_quantity
+from slimcaching.inputs.presets import ARCHS, resolve_preset
+from slimcaching.inputs.profiles import Profile, RouterSimulator, profile_from_trace, synthetic_profile
+from slimcaching.inputs.units import parse_quantity
+from slimcaching.system.scenario import canonical_json, lfu_local_cache, load_scenario, resolve_scenario
 
 # ---- units
 
@@ -126,7 +126,7 @@ def test_canonical_round_trip_byte_for_byte(tmp_path, suffix):
     elif suffix == ".yaml":
         path.write_text(yaml.safe_dump(d))
     else:
-        from slimcaching.fileio import to_toml as _to_toml
+        from slimcaching.inputs.fileio import to_toml as _to_toml
 
         path.write_text(_to_toml(d))
     first = canonical_json(load_scenario(path))
@@ -306,7 +306,7 @@ def test_lfu_skips_what_does_not_fit():
 
 def test_plausibility_warnings_not_errors(tmp_path, capsys):
     from slimcaching.cli import main
-    from slimcaching.scenario.plausible import plausibility_warnings
+    from slimcaching.system.scenario.plausible import plausibility_warnings
 
     assert plausibility_warnings(load_scenario(None)) == []  # the built-in scenario is plausible
     data = tiny_scenario_dict()
@@ -328,7 +328,7 @@ def test_outputs_honour_the_umask(tmp_path):
     import os
     import stat
 
-    from slimcaching.fileio import atomic_write
+    from slimcaching.inputs.fileio import atomic_write
 
     old = os.umask(0o022)
     try:
@@ -342,7 +342,7 @@ def test_outputs_honour_the_umask(tmp_path):
 
 
 def test_phases_resolve_validate_and_round_trip(tmp_path):
-    from slimcaching.scenario import canonical_dict, resolve_scenario, scenario_at_phase
+    from slimcaching.system.scenario import canonical_dict, resolve_scenario, scenario_at_phase
 
     data = tiny_scenario_dict(4, users=3)
     m = data["models"][0]["name"]

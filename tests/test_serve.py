@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
-from slimcaching.hf import load_model  # noqa: E402
+from slimcaching.inputs.hf import load_model  # noqa: E402
 from slimcaching.runtime.cluster.context import load_context  # noqa: E402
 from slimcaching.runtime.device.sampling import SamplingParams  # noqa: E402
 from slimcaching.runtime.harness.run import RunOptions  # noqa: E402

@@ -29,7 +29,7 @@ pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 
 from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
-from slimcaching.hf import load_model  # noqa: E402
+from slimcaching.inputs.hf import load_model  # noqa: E402
 from slimcaching.runtime.device.sampling import Decoding, SamplingParams  # noqa: E402
 from slimcaching.runtime.serving.assign import Assigner, stable_fraction  # noqa: E402
 from slimcaching.runtime.serving.http.schemas import NO_EFFECT, REFUSED, ChatRequest, CompletionRequest  # noqa: E402

@@ -15,12 +15,12 @@ pytest.importorskip("zmq")
 
 from runtime_helpers import scenario_dict, solve, thread_cluster, write_scenario  # noqa: E402
 from slimcaching.cli import main  # noqa: E402
-from slimcaching.evaluation import placement_breakdown, problem_for  # noqa: E402
-from slimcaching.placement import load_placement  # noqa: E402
-from slimcaching.problem import build_problem  # noqa: E402
+from slimcaching.evaluation.breakdown import placement_breakdown, problem_for  # noqa: E402
 from slimcaching.runtime.cluster.context import load_context  # noqa: E402
 from slimcaching.runtime.harness.run import RunOptions, _reference, device_session  # noqa: E402
-from slimcaching.scenario import load_scenario  # noqa: E402
+from slimcaching.system.placement import load_placement  # noqa: E402
+from slimcaching.system.problem import build_problem  # noqa: E402
+from slimcaching.system.scenario import load_scenario  # noqa: E402
 from test_hf import _build  # noqa: E402
 from test_runtime import FAMILIES, PROMPTS  # noqa: E402
 

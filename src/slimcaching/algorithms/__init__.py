@@ -1,7 +1,7 @@
 """Placement algorithms, registered by name.
 
 Every algorithm is a pure function ``fn(problem, **params) -> Placement`` of a resolved
-:class:`~slimcaching.problem.Problem`; it never mutates the problem. :func:`solve` validates the
+:class:`~slimcaching.system.problem.Problem`; it never mutates the problem. :func:`solve` validates the
 parameters, times the call and records the parameters in the result.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slimcaching.errors import ScenarioError, SolverBug, did_you_mean  # noqa: F401  (SolverBug: importable from here too)
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def register(name: str, summary: str, *, params: dict[str, Param] | None = None,
 def _algorithm_modules() -> list[str]:
     """Every module of this package but the shared building blocks and the contract checks."""
     return [m.name for m in pkgutil.iter_modules(__path__)
-            if not m.name.startswith("_") and m.name not in ("core", "checks", "co_local")]
+            if not m.name.startswith("_") and m.name not in ("core", "checks", "co_local", "adaptive")]
 
 
 def _load_all() -> None:
@@ -155,8 +155,8 @@ def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
 
     Examples
     --------
-    >>> from slimcaching.problem import build_problem
-    >>> from slimcaching.scenario import load_scenario
+    >>> from slimcaching.system.problem import build_problem
+    >>> from slimcaching.system.scenario import load_scenario
     >>> problem = build_problem(load_scenario())
     >>> placement = solve(problem, "lfu")
     >>> round(problem.objective(placement.x) * 1e3, 3)

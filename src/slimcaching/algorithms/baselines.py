@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from slimcaching.algorithms import Param, register
-from slimcaching.capacity import ABSOLUTE, RELATIVE
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.capacity import ABSOLUTE, RELATIVE
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 def fill_in_order(problem: Problem, server: int, order: np.ndarray, x: np.ndarray) -> None:

@@ -1,9 +1,9 @@
 """The contract every registered algorithm keeps, importable so that a new one is checked by one line.
 
 >>> from slimcaching.algorithms.checks import check_algorithm
->>> from slimcaching.problem import build_problem
->>> from slimcaching.quality import random_instance
->>> from slimcaching.scenario import resolve_scenario
+>>> from slimcaching.system.problem import build_problem
+>>> from slimcaching.inputs.families import random_instance
+>>> from slimcaching.system.scenario import resolve_scenario
 >>> problem = build_problem(resolve_scenario(random_instance(seed=0, top_k=2)))
 >>> placement = check_algorithm("lfu", problem)  # raises AssertionError if lfu broke its contract
 """
@@ -15,9 +15,9 @@ import json
 import numpy as np
 
 from slimcaching.algorithms import solve
-from slimcaching.evaluation import placement_latency
-from slimcaching.placement import Placement, placement_from_dict
-from slimcaching.problem import Problem
+from slimcaching.evaluation.breakdown import placement_latency
+from slimcaching.system.placement import Placement, placement_from_dict
+from slimcaching.system.problem import Problem
 
 
 def _arrays(problem: Problem) -> dict:

@@ -19,9 +19,9 @@ import numpy as np
 from slimcaching.algorithms.core.groups import build_group, pattern_bits
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack
 from slimcaching.algorithms.core.values import value_table
-from slimcaching.capacity import how_many
-from slimcaching.problem import Problem, build_problem
-from slimcaching.scenario import Scenario
+from slimcaching.system.capacity import how_many
+from slimcaching.system.problem import Problem, build_problem
+from slimcaching.system.scenario import Scenario
 
 
 def _class_cache(q: Problem, c: int, capacity: float, exact_budget: float) -> list[tuple[str, int, int]]:

@@ -1,13 +1,13 @@
 """``exact``: the optimum by mixed-integer linear programming (HiGHS via highspy).
 
-The programme is :mod:`slimcaching.formulation` (epigraph over merged rows, disaggregated holder
+The programme is :mod:`slimcaching.system.formulation` (epigraph over merged rows, disaggregated holder
 choice, rescaled). HiGHS is warm-started with the ``slimcaching`` placement, so that it always
 has an incumbent: when the time limit is reached the result is that incumbent or better, with
 HiGHS's proven bound and the gap between them on the mean token latency (dense constant
 included). Only a status of "optimal" is called optimal. With ``relax=True`` every x is
 continuous and the result is the LP bound only (the placement is empty).
 
-With ``hybrid=True`` the programme is :mod:`slimcaching.formulation_hybrid`: dense parts and each
+With ``hybrid=True`` the programme is :mod:`slimcaching.system.formulation_hybrid`: dense parts and each
 (user, model) pair's serving architecture are chosen too (latency model ``hybrid``, docs/model.md
 §architectures), warm-started with ``slimcaching-hybrid``. Big-M choice constraints: small instances only.
 
@@ -21,11 +21,11 @@ import numpy as np
 from slimcaching.algorithms import Param, register
 from slimcaching.algorithms.hybrid import slimcaching_hybrid
 from slimcaching.algorithms.slimcaching import slimcaching
-from slimcaching.architectures import mean_latency
-from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
-from slimcaching.formulation_hybrid import build_hybrid_formulation, hybrid_solution
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.architectures import mean_latency
+from slimcaching.system.formulation import build_formulation, solve_lp_bound, solve_milp
+from slimcaching.system.formulation_hybrid import build_hybrid_formulation, hybrid_solution
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 @register("exact", "MILP optimum by HiGHS, warm-started with slimcaching; time limit; relax=true: LP lower bound",

@@ -42,9 +42,9 @@ import itertools
 import numpy as np
 
 from slimcaching.algorithms import Param, register
-from slimcaching.capacity import ABSOLUTE, RELATIVE, fits
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.capacity import ABSOLUTE, RELATIVE, fits
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 class _Greedy:

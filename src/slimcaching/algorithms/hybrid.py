@@ -2,10 +2,10 @@
 
 Beyond the paper. Each (user, model) pair is served by the fastest of SlimCaching-style serving,
 split-style through a server that stores the model's dense part, and split-style through the
-cloud (:mod:`slimcaching.architectures`, latency model ``hybrid``). With the architectures fixed,
+cloud (:mod:`slimcaching.system.architectures`, latency model ``hybrid``). With the architectures fixed,
 choosing the expert caches is a SlimCaching problem again: a pair split through server n
 contributes its profile's rows seen from n (no per-layer access, no device cache) and a constant
-(:func:`~slimcaching.architectures.assigned_problem`); capacities lose the dense parts. So:
+(:func:`~slimcaching.system.architectures.assigned_problem`); capacities lose the dense parts. So:
 
 1. *starts*: the ``slimcaching`` caches without dense parts, the ``u-shaped`` whole models and the
    ``u-shaped-partial`` placement, each then with its caches re-optimised for the architectures it
@@ -31,13 +31,13 @@ import numpy as np
 from slimcaching.algorithms import Param, register
 from slimcaching.algorithms.slimcaching import slimcaching, slimcaching_fast, successive_decomposition
 from slimcaching.algorithms.u_shaped import partial_hosts, whole_model_hosts
-from slimcaching.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
-from slimcaching.architectures import utilisation as expected_utilisation
-from slimcaching.capacity import fits
 from slimcaching.errors import ScenarioError
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
-from slimcaching.queueing import simulate_queueing
+from slimcaching.evaluation.queueing import simulate_queueing
+from slimcaching.system.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
+from slimcaching.system.architectures import utilisation as expected_utilisation
+from slimcaching.system.capacity import fits
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 INNER = {"slimcaching": slimcaching, "slimcaching-fast": slimcaching_fast}
 
@@ -83,7 +83,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         re-optimised by the inner algorithm with its defaults, and kept if better.
     load : 0 (default): plan for the unloaded network (the analytic model). > 0: every user's
         token rate times ``load``; placements whose expected server or backhaul utilisation
-        (:func:`~slimcaching.architectures.utilisation`, the queueing simulation's job model)
+        (:func:`~slimcaching.system.architectures.utilisation`, the queueing simulation's job model)
         exceeds ``max_utilisation`` are avoided: candidates are compared by overload first, then
         latency. Split-style serving puts every layer's compute on its split server, so under load
         the hybrid falls back towards SlimCaching-style serving.

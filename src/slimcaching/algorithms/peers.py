@@ -29,9 +29,9 @@ import numpy as np
 
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import fill_in_order
-from slimcaching.capacity import fits
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.capacity import fits
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 def home_item_load(problem: Problem) -> np.ndarray:

@@ -4,7 +4,7 @@ of moving there from the current one (docs/model.md, "Migration and re-planning"
     min_x  J(x) = H * T(x) + sum_{(n, i) added} m(n, i)     [s.t. sum_{added} d_i <= B]
 
 with H the horizon in tokens, T the mean token latency, m the token-seconds a move costs while its
-link is busy (:mod:`slimcaching.migration`), B an optional byte budget.
+link is busy (:mod:`slimcaching.system.migration`), B an optional byte budget.
 
 * ``slimcaching`` / ``slimcaching-fast``: the successive decomposition with each added copy's
   cost m(n, i) / H charged in the per-server DP. The cost is additive per item, so in the exact
@@ -13,7 +13,7 @@ link is busy (:mod:`slimcaching.migration`), B an optional byte budget.
   Starts: the current placement (fitted to the capacities) and the placement solved from
   scratch; the lower J wins. A byte budget is met by pricing bytes (a Lagrange multiplier per
   byte, found by bisection: the smallest price whose plan fits the budget).
-* ``exact``: the MILP of :mod:`slimcaching.formulation` with the move costs as linear terms on the
+* ``exact``: the MILP of :mod:`slimcaching.system.formulation` with the move costs as linear terms on the
   added copies and the budget as one more row; warm-started with the decomposition's plan.
 
 Old copies that still fit after the plan are kept (holding them is free and never adds latency),
@@ -36,13 +36,13 @@ import numpy as np
 
 from slimcaching.algorithms import solve
 from slimcaching.algorithms.slimcaching import successive_decomposition
-from slimcaching.capacity import fits
 from slimcaching.catalogue import REPLAN_ALGORITHMS
 from slimcaching.errors import ScenarioError
-from slimcaching.formulation import build_formulation, solve_lp_bound, solve_milp
-from slimcaching.migration import MoveCosts, move_costs, replan_objective
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.capacity import fits
+from slimcaching.system.formulation import build_formulation, solve_lp_bound, solve_milp
+from slimcaching.system.migration import MoveCosts, move_costs, replan_objective
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 ALGORITHMS = REPLAN_ALGORITHMS
 

@@ -46,8 +46,8 @@ from slimcaching.algorithms.baselines import lfu
 from slimcaching.algorithms.core.decomposition import Decomposition
 from slimcaching.algorithms.greedy import greedy_blind
 from slimcaching.errors import ScenarioError
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem
 
 
 def server_order(problem: Problem, order: str | list | None) -> list[int]:

@@ -3,7 +3,7 @@
 Split-style serving: the device sends the hidden state once per token to a server that runs the
 dense part and every MoE layer and returns the result (one access round trip per token). A
 server can do so for a model only if it stores the model's dense part, counted against Q_n like
-experts (see :mod:`slimcaching.architectures` for the latency of each option).
+experts (see :mod:`slimcaching.system.architectures` for the latency of each option).
 
 - ``u-shaped`` (the paper's baseline): servers host whole models (dense part and every expert).
   Per server, which models to host is a 0/1 knapsack maximising the rate-weighted latency
@@ -24,10 +24,10 @@ import numpy as np
 
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import request_scores
-from slimcaching.architectures import mean_latency, pair_options
-from slimcaching.capacity import fits
-from slimcaching.placement import Placement
-from slimcaching.problem import Problem, build_problem
+from slimcaching.system.architectures import mean_latency, pair_options
+from slimcaching.system.capacity import fits
+from slimcaching.system.placement import Placement
+from slimcaching.system.problem import Problem, build_problem
 
 MAX_SUBSET_MODELS = 16  # exhaustive knapsack over models up to this many; greedy by density beyond
 

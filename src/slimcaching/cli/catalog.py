@@ -45,7 +45,7 @@ def list_presets(
 ) -> None:
     """List model presets with their resolved numbers."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.presets import ARCHS, resolve_preset
+    from slimcaching.inputs.presets import ARCHS, resolve_preset
     rows = []
     for name, arch in ARCHS.items():
         r = resolve_preset(name, precision, field_name="--precision")

@@ -40,7 +40,7 @@ def finish(code: int) -> int:
     when Ctrl-C left a HiGHS solve running on its own thread (branch and bound does not always
     stop at once; waiting for it would take up to its time limit, and the interpreter's teardown
     under a running solver thread can crash)."""
-    solver = sys.modules.get("slimcaching.formulation")
+    solver = sys.modules.get("slimcaching.system.formulation")
     if QUICK_EXIT["asked"] or (solver is not None and solver.abandoned_solves()):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -122,7 +122,7 @@ def table(*headers: str, **kw) -> Table:
 def note_other_scenario(placement, problem, path) -> None:
     """One line on stderr when a placement file says it was solved for another scenario than the
     one it is used with (it fitted, so the command goes on: a what-if is a fair use)."""
-    from slimcaching.placement import other_scenario  # start-up
+    from slimcaching.system.placement import other_scenario  # start-up
     other = other_scenario(placement.made_for, problem.scenario)
     if other is not None:
         console.print(f"note: {path}: {other}", highlight=False, markup=False, soft_wrap=True)
@@ -131,14 +131,14 @@ def note_other_scenario(placement, problem, path) -> None:
 def read_scenario(scenario: str | None):
     """The scenario of a command's argument (``default`` or empty: the built-in one)."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.scenario import load_scenario
+    from slimcaching.system.scenario import load_scenario
     return load_scenario(None if scenario in (None, "", "default") else scenario)
 
 
 def warn_implausible(sc) -> None:
     """The scenario's plausibility warnings, one line each on stderr (never an error)."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.scenario.plausible import plausibility_warnings
+    from slimcaching.system.scenario.plausible import plausibility_warnings
     for w in plausibility_warnings(sc):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 

@@ -25,9 +25,9 @@ def evaluate(
 ) -> None:
     """Objective and breakdown of a placement."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.evaluation import placement_breakdown, problem_for
-    from slimcaching.placement import load_placement
-    from slimcaching.problem import build_problem  # start-up
+    from slimcaching.evaluation.breakdown import placement_breakdown, problem_for
+    from slimcaching.system.placement import load_placement
+    from slimcaching.system.problem import build_problem  # start-up
     sc = read_scenario(scenario)
     base = build_problem(sc)
     pl = load_placement(placement, base)
@@ -102,12 +102,12 @@ def simulate(
 ) -> None:
     """Token-level Monte Carlo simulation of a placement (or replay of a routing trace)."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.evaluation import problem_for
-    from slimcaching.limits import check
-    from slimcaching.placement import load_placement  # start-up
-    from slimcaching.problem import build_problem  # start-up
-    from slimcaching.queueing import simulate_queueing  # start-up
-    from slimcaching.simulate import load_trace_array, replay_trace, simulate_tokens  # start-up
+    from slimcaching.evaluation.breakdown import problem_for
+    from slimcaching.evaluation.queueing import simulate_queueing  # start-up
+    from slimcaching.evaluation.simulate import load_trace_array, replay_trace, simulate_tokens  # start-up
+    from slimcaching.inputs.limits import check
+    from slimcaching.system.placement import load_placement  # start-up
+    from slimcaching.system.problem import build_problem  # start-up
     if load != 1.0 and not queueing:
         raise ScenarioError("--load", "only with --queueing (without queues the load changes nothing)", load)
     if max_batch != 1 and not queueing:

@@ -41,7 +41,7 @@ def profile(
     # start-up: imported when the command runs, so that --help and the others start at once
     from rich.progress import Progress
 
-    from slimcaching.hf import profile_model, read_prompts  # start-up
+    from slimcaching.inputs.hf import profile_model, read_prompts  # start-up
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
@@ -80,10 +80,10 @@ def profile_from_trace_cmd(
 ) -> None:
     """Count a raw routing trace into a co-activation profile."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.fileio import check_target
-    from slimcaching.hf import RoutingTrace
-    from slimcaching.profiles import profile_from_trace  # start-up
-    from slimcaching.simulate import load_trace_array  # start-up
+    from slimcaching.evaluation.simulate import load_trace_array  # start-up
+    from slimcaching.inputs.fileio import check_target
+    from slimcaching.inputs.hf import RoutingTrace
+    from slimcaching.inputs.profiles import profile_from_trace  # start-up
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     printable(model, "--model")
@@ -124,8 +124,8 @@ def profile_import_cmd(
 ) -> None:
     """Import routing recorded by SGLang or vLLM (or plain counts / token files) as a profile."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.fileio import check_target
-    from slimcaching.routing_import import read_routing, to_profile
+    from slimcaching.inputs.fileio import check_target
+    from slimcaching.inputs.routing_import import read_routing, to_profile
     if output.suffix not in (".json", ".npz"):
         raise ScenarioError("--output", "profile files end in .json or .npz", str(output))
     sel = {"all": (0, 1), "prefill": (0,), "decode": (1,)}.get(phases)
@@ -163,9 +163,9 @@ def profile_stats_cmd(
 ) -> None:
     """Skew, co-activation and differences of activation profiles."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.profile_stats import compare, layer_stats, provenance, summary_stats
-    from slimcaching.profile_stats import heatmap as draw
-    from slimcaching.profiles import Profile  # start-up
+    from slimcaching.evaluation.profile_stats import compare, layer_stats, provenance, summary_stats
+    from slimcaching.evaluation.profile_stats import heatmap as draw
+    from slimcaching.inputs.profiles import Profile  # start-up
     prof = Profile.load(profile_file, "profile")
     result = {"summary": summary_stats(prof), "provenance": provenance(prof), "layers": layer_stats(prof)}
     if other is not None:
@@ -206,9 +206,9 @@ def profile_fit_cmd(
 ) -> None:
     """Fit the synthetic router's parameters to a measured profile (to scale it to many users)."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.fileio import atomic_write
-    from slimcaching.profile_stats import fit_synthetic
-    from slimcaching.profiles import Profile  # start-up
+    from slimcaching.evaluation.profile_stats import fit_synthetic
+    from slimcaching.inputs.fileio import atomic_write
+    from slimcaching.inputs.profiles import Profile  # start-up
     fit = fit_synthetic(Profile.load(profile_file, "profile"), tokens=tokens, seed=seed)
     text = json.dumps(fit, indent=1, allow_nan=False) + "\n"
     if output:

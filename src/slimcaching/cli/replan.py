@@ -11,7 +11,7 @@ import typer
 from slimcaching.catalogue import REPLAN_ALGORITHMS as ALGORITHMS
 from slimcaching.cli.common import ScenarioArg, console, flags, read_scenario, warn_implausible, working
 from slimcaching.errors import ScenarioError
-from slimcaching.units import format_bytes, parse_flag_quantity
+from slimcaching.inputs.units import format_bytes, parse_flag_quantity
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -40,10 +40,10 @@ def replan_cmd(
     (docs/model.md, "Migration and re-planning"); the new file is an ordinary placement."""
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.algorithms.replan import replan, replan_bound
-    from slimcaching.fileio import atomic_write, check_target
-    from slimcaching.migration import migration_summary, move_costs, staged_gain  # start-up
-    from slimcaching.placement import load_placement  # start-up
-    from slimcaching.problem import build_problem  # start-up
+    from slimcaching.inputs.fileio import atomic_write, check_target
+    from slimcaching.system.migration import migration_summary, move_costs, staged_gain  # start-up
+    from slimcaching.system.placement import load_placement  # start-up
+    from slimcaching.system.problem import build_problem  # start-up
     if algorithm not in ALGORITHMS:
         raise ScenarioError("--algorithm", f"replan supports {', '.join(ALGORITHMS)}", algorithm)
     cap = None if budget is None else parse_flag_quantity(budget, "bytes", "--budget")

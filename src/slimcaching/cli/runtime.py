@@ -88,9 +88,9 @@ def cluster_run(
     """Start one process per edge server and the cloud, emulate the scenario's links, generate,
     and compare every token with the latency model and the monolithic model."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.adaptive import ControllerConfig
-    from slimcaching.fileio import write_json
-    from slimcaching.hf import prompt_texts  # start-up
+    from slimcaching.algorithms.adaptive import ControllerConfig
+    from slimcaching.inputs.fileio import write_json
+    from slimcaching.inputs.hf import prompt_texts  # start-up
     from slimcaching.runtime.cluster.context import load_context  # start-up
     from slimcaching.runtime.harness.run import RunOptions, parse_events, run_cluster, run_rows  # start-up
     if launcher not in ("local", "ray"):
@@ -200,8 +200,8 @@ def generate_cmd(
     # start-up: imported when the command runs, so that --help and the others start at once
     from transformers import AutoTokenizer  # optional extra (hf)
 
-    from slimcaching.fileio import write_json
-    from slimcaching.hf import prompt_texts  # start-up
+    from slimcaching.inputs.fileio import write_json
+    from slimcaching.inputs.hf import prompt_texts  # start-up
     from slimcaching.runtime.device.fallbacks import describe_fallback
     from slimcaching.runtime.device.offload import ClusterError  # optional extra (runtime: pyzmq)
     from slimcaching.runtime.harness.run import RunOptions, check_prompt_lengths, device_session, run_report

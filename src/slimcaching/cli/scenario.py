@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from slimcaching.cli.common import ScenarioArg, console, count, flags, out, read_scenario, warn_implausible
 from slimcaching.errors import ScenarioError
-from slimcaching.units import parse_flag_quantity
+from slimcaching.inputs.units import parse_flag_quantity
 
 app = typer.Typer()  # commands registered on the main app by slimcaching.cli
 scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
@@ -20,7 +20,7 @@ def validate(scenario: ScenarioArg = "default") -> None:
     """Check a scenario file: one line per error (every independent error, not just the first), or a
     one-line summary."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.scenario import ScenarioErrors
+    from slimcaching.system.scenario import ScenarioErrors
     try:
         sc = read_scenario(scenario)
     except ScenarioErrors as exc:
@@ -40,8 +40,8 @@ def export(scenario: ScenarioArg = "default",
                "canonical.json")) -> None:
     """Write the fully resolved canonical scenario (slimcaching/scenario@1)."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.fileio import atomic_write, check_target
-    from slimcaching.scenario import canonical_json
+    from slimcaching.inputs.fileio import atomic_write, check_target
+    from slimcaching.system.scenario import canonical_json
     check_target(output, "--output")
     sc = read_scenario(scenario)
     atomic_write(output, canonical_json(sc))
@@ -74,11 +74,11 @@ def scenario_new(
 ) -> None:
     """Generate a scenario file from options."""
     # start-up: imported when the command runs, so that --help and the others start at once
-    from slimcaching.fileio import atomic_write, check_target, data_file_text
-    from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-    from slimcaching.limits import check  # start-up
-    from slimcaching.presets import resolve_preset  # start-up
-    from slimcaching.scenario import resolve_scenario  # start-up
+    from slimcaching.inputs.fileio import atomic_write, check_target, data_file_text
+    from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.inputs.limits import check  # start-up
+    from slimcaching.inputs.presets import resolve_preset  # start-up
+    from slimcaching.system.scenario import resolve_scenario  # start-up
     check("users", users, "--users", "users")
     check("servers", servers, "--servers", "servers")
     check_target(output, "--output")

@@ -23,7 +23,7 @@ from slimcaching.cli.common import (
     working,
 )
 from slimcaching.errors import ScenarioError
-from slimcaching.units import format_bytes
+from slimcaching.inputs.units import format_bytes
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -58,11 +58,11 @@ def solve_cmd(
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.algorithms import coerce_params, get_algorithm, solve  # start-up
     from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
-    from slimcaching.evaluation import placement_latency  # start-up
-    from slimcaching.fileio import atomic_write, check_target  # start-up
-    from slimcaching.placement import scenario_stamp  # start-up
-    from slimcaching.problem import build_problem  # start-up
-    from slimcaching.reporting import solve_summary  # start-up
+    from slimcaching.evaluation.breakdown import placement_latency  # start-up
+    from slimcaching.evaluation.reporting import solve_summary  # start-up
+    from slimcaching.inputs.fileio import atomic_write, check_target  # start-up
+    from slimcaching.system.placement import scenario_stamp  # start-up
+    from slimcaching.system.problem import build_problem  # start-up
     spec = get_algorithm(algorithm)
     params = coerce_params(spec, parse_params(param))  # the declared types, for the algorithm and the summary
     if time_limit is not None:
@@ -110,13 +110,13 @@ def solve_cmd(
 
 
 def _certify_with_progress(problem, placement, latency: float, time_limit: float) -> str:
-    """:func:`slimcaching.bounds.certify` with its progress on stderr: a spinner line on a terminal,
+    """:func:`slimcaching.bounds.certificate.certify` with its progress on stderr: a spinner line on a terminal,
     else (piped, redirected) a plain line at each stage and at most every 5 s, so that a log shows
     the time moving and the best bound so far."""
     # start-up: imported when the command runs, so that --help and the others start at once
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from slimcaching.bounds import certify, gap  # start-up
+    from slimcaching.bounds.certificate import certify, gap  # start-up
     t0 = time.perf_counter()
     shown = {"at": -1e9, "stage": ""}
 
@@ -177,9 +177,9 @@ def demo(
     from rich.progress import Progress
 
     from slimcaching.algorithms import algorithm_names, solve  # start-up
-    from slimcaching.evaluation import placement_latency  # start-up
-    from slimcaching.problem import build_problem  # start-up
-    from slimcaching.reporting import exact_note, text_table  # start-up
+    from slimcaching.evaluation.breakdown import placement_latency  # start-up
+    from slimcaching.evaluation.reporting import exact_note, text_table  # start-up
+    from slimcaching.system.problem import build_problem  # start-up
     names = algorithm_names() if algorithms == "all" else [a.strip() for a in algorithms.split(",") if a.strip()]
     sc = read_scenario(scenario)
     problem = build_problem(sc)

@@ -14,7 +14,7 @@ Strategies, all evaluated on the true workload of each interval (``check_tokens`
 * ``periodic``: re-planned from scratch every ``periodic_checks`` intervals on the last
   ``window_tokens`` observed tokens, migration ignored (as vLLM's EPLB and SGLang's rebalancers do
   on a timer);
-* ``adaptive``: :mod:`slimcaching.adaptive`: ``replan`` on half of the same window, switching only
+* ``adaptive``: :mod:`slimcaching.algorithms.adaptive`: ``replan`` on half of the same window, switching only
   when the gain over the horizon on the other half beats the migration's cost by the hysteresis;
   the window restarts at a detected change point;
 * ``clairvoyant``: the true profile of each phase from its first token, re-planned with ``replan``
@@ -23,11 +23,11 @@ Strategies, all evaluated on the true workload of each interval (``check_tokens`
   can do knowing every change the moment it happens (it neither waits for evidence nor estimates);
 * ``oracle``: the true profile of each phase from its first token, migration free.
 
-A migration's cost (:mod:`slimcaching.migration`, on the true workload, moves in the background
+A migration's cost (:mod:`slimcaching.system.migration`, on the true workload, moves in the background
 as the controller's ``chunk_bytes`` says) is added to the latency of the interval it happens in
 (its token-seconds spread over the interval's tokens); the oracle's moves cost nothing and are
 instant. Others take time: each copy serves from the token at which its transfer is done
-(:func:`~slimcaching.migration.migration_stages`: a server fetches its copies one after another,
+(:func:`~slimcaching.system.migration.migration_stages`: a server fetches its copies one after another,
 most asked-for first, and drops the ones it loses when an arrival needs their room; seconds times
 all users' tokens per second), across intervals if need be. A controller decides from the
 placement serving (mid-migration: what has arrived so far), and a new migration starts from there:
@@ -46,23 +46,24 @@ from pathlib import Path
 
 import numpy as np
 
-from slimcaching.adaptive import (
+from slimcaching.algorithms import solve
+from slimcaching.algorithms.adaptive import (
     Controller,
     ControllerConfig,
     decide,
     estimate_problem,
     sample_tokens,
 )
-from slimcaching.algorithms import solve
 from slimcaching.errors import ScenarioError
+from slimcaching.evaluation.figures import line_style, pyplot, save_figure
+from slimcaching.evaluation.simulate import load_trace_array, simulate_tokens
 from slimcaching.experiments.runner import EXECUTORS
-from slimcaching.figures import line_style, pyplot, save_figure
-from slimcaching.fileio import atomic_write
-from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-from slimcaching.migration import migration_stages, migration_summary, move_costs
-from slimcaching.problem import build_problem
-from slimcaching.profiles import LayerProfile, Profile, profile_from_trace
-from slimcaching.scenario import (
+from slimcaching.inputs.fileio import atomic_write
+from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.inputs.profiles import LayerProfile, Profile, profile_from_trace
+from slimcaching.system.migration import migration_stages, migration_summary, move_costs
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import (
     Phase,
     Scenario,
     WorkloadEntry,
@@ -70,7 +71,6 @@ from slimcaching.scenario import (
     resolve_scenario,
     scenario_at_phase,
 )
-from slimcaching.simulate import load_trace_array, simulate_tokens
 
 PATTERNS = ("task-switch", "daily-mix", "rotation")
 STRATEGIES = ("static", "periodic", "adaptive", "clairvoyant", "oracle")

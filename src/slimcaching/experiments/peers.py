@@ -9,9 +9,20 @@ from pathlib import Path
 
 import numpy as np
 
+from slimcaching.evaluation.figures import (
+    BLACK,
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    SKY,
+    VERMILLION,
+    pyplot,
+    save_figure,
+)
 from slimcaching.experiments.definitions import PEER_VARIANTS, Experiment
 from slimcaching.experiments.stats import mean_ci, mean_pm
-from slimcaching.figures import BLACK, BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, pyplot, save_figure
 
 PALETTE = (SKY, ORANGE, GREEN, VERMILLION, PURPLE, BLUE, BLACK, GREY)  # Okabe & Ito: one colour per algorithm
 

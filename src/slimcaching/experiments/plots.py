@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.algorithms import solve
-from slimcaching.architectures import mean_latency
 from slimcaching.errors import ScenarioError
+from slimcaching.evaluation.figures import line_style, pyplot, save_figure
 from slimcaching.experiments.definitions import EXPERIMENTS, QUICK_BASE, Experiment
 from slimcaching.experiments.peers import peer_summary, peer_table, plot_peers
 from slimcaching.experiments.regimes import plot_regimes, regime_summary, regime_table
 from slimcaching.experiments.stats import mean_ci as _mean_ci
 from slimcaching.experiments.stats import mean_pm
-from slimcaching.figures import line_style, pyplot, save_figure
-from slimcaching.fileio import atomic_write, read_input_bytes, read_text
-from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-from slimcaching.problem import build_problem
-from slimcaching.scenario import resolve_scenario
+from slimcaching.inputs.fileio import atomic_write, read_input_bytes, read_text
+from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.system.architectures import mean_latency
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import resolve_scenario
 
 PAPER_HEADLINE = {"greedy": 16.7, "lfu": 19.5}  # % lower latency than Greedy / LFU at 2.5 GB (the paper)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from slimcaching.evaluation.figures import BLUE, GREEN, GREY, ORANGE, VERMILLION, pyplot, save_figure, text_color
 from slimcaching.experiments.definitions import REGIME_LABEL, Experiment
-from slimcaching.figures import BLUE, GREEN, GREY, ORANGE, VERMILLION, pyplot, save_figure, text_color
 
 SINGLE = ("slimcaching", "u-shaped", "u-shaped-partial", "lfu", "none")
 HYBRID = "slimcaching-hybrid"

@@ -16,9 +16,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from slimcaching.algorithms import solve
-from slimcaching.bounds import lower_bound
+from slimcaching.bounds.certificate import lower_bound
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import placement_breakdown
+from slimcaching.evaluation.breakdown import placement_breakdown
+from slimcaching.evaluation.queueing import simulate_queueing
 from slimcaching.experiments.definitions import (
     EXPERIMENTS,
     PEER_BOUND_LIMIT,
@@ -30,14 +31,13 @@ from slimcaching.experiments.definitions import (
     x_value,
 )
 from slimcaching.experiments.plots import write_outputs
-from slimcaching.fileio import atomic_output, read_text
-from slimcaching.generate import GeneratorOptions, generate_scenario_dict
-from slimcaching.presets import resolve_preset
-from slimcaching.problem import build_problem
-from slimcaching.profiles import RouterSimulator
-from slimcaching.queueing import simulate_queueing
-from slimcaching.routing_import import read_routing, to_profile, write_vllm_responses
-from slimcaching.scenario import load_scenario, resolve_scenario
+from slimcaching.inputs.fileio import atomic_output, read_text
+from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+from slimcaching.inputs.presets import resolve_preset
+from slimcaching.inputs.profiles import RouterSimulator
+from slimcaching.inputs.routing_import import read_routing, to_profile, write_vllm_responses
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import load_scenario, resolve_scenario
 
 COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
            "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error",

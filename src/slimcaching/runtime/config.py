@@ -4,7 +4,7 @@ A request's deadline is ``deadline_factor x predicted + floor``; a holder that m
 treated as failed for ``retry_after_s`` and its experts go to the next holder (the cloud last).
 
 Resource caps (rows per request, requests in flight per connection and in all, connections) are
-limits of :mod:`slimcaching.limits`, overridable like the planner's
+limits of :mod:`slimcaching.inputs.limits`, overridable like the planner's
 (``SLIMCACHING_LIMIT_REQUEST_ROWS=16384`` ...).
 """
 

@@ -33,8 +33,8 @@ from slimcaching.algorithms.core.groups import (
 )
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
-from slimcaching.capacity import how_many
-from slimcaching.problem import Problem
+from slimcaching.system.capacity import how_many
+from slimcaching.system.problem import Problem
 
 # rows x servers from which the numba kernels are used: past a few thousand they beat numpy's
 # per-call overhead (moe-llava-phi2 5 x 50, 2,960: 2.7 -> 1.5 s), below it numba's import does not pay

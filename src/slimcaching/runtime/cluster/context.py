@@ -20,17 +20,23 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimcaching.architectures import user_architectures
 from slimcaching.errors import ScenarioError
-from slimcaching.evaluation import problem_for
-from slimcaching.fileio import read_data_file
-from slimcaching.model_dir import config_experts_topk, expert_blocks, model_numbers, read_checkpoint, text_config
-from slimcaching.placement import Placement, load_placement, other_scenario
-from slimcaching.problem import Problem, build_problem
+from slimcaching.evaluation.breakdown import problem_for
+from slimcaching.inputs.checkpoint import (
+    config_experts_topk,
+    expert_blocks,
+    model_numbers,
+    read_checkpoint,
+    text_config,
+)
+from slimcaching.inputs.fileio import read_data_file
 from slimcaching.runtime.cluster.addresses import tcp_address
 from slimcaching.runtime.cluster.layout import Layout, build_layout
 from slimcaching.runtime.model.weights import expert_source
-from slimcaching.scenario import Scenario, load_scenario
+from slimcaching.system.architectures import user_architectures
+from slimcaching.system.placement import Placement, load_placement, other_scenario
+from slimcaching.system.problem import Problem, build_problem
+from slimcaching.system.scenario import Scenario, load_scenario
 
 
 @dataclass

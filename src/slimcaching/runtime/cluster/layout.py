@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from slimcaching.errors import ScenarioError
-from slimcaching.latency import cloud_round_trip, exec_time, relay_graph, relay_round_trip, user_round_trip
-from slimcaching.scenario import Scenario
+from slimcaching.system.latency import cloud_round_trip, exec_time, relay_graph, relay_round_trip, user_round_trip
+from slimcaching.system.scenario import Scenario
 
 CLOUD = "cloud"
 INF = float("inf")
@@ -172,7 +172,7 @@ def build_layout(sc: Scenario, edge: dict[str, list], model: str, *,
                  ways: dict[str, list[tuple[float, str]]] | None = None, wire: tuple | None = None) -> Layout:
     """Layout for ``model`` from a resolved scenario (local caches resolved) and the placement's
     ``edge`` mapping (server -> [[model, layer, expert], ...]); ``ways``: how each user is served
-    (best first, :func:`slimcaching.architectures.user_architectures`); ``wire``: (hidden size,
+    (best first, :func:`slimcaching.system.architectures.user_architectures`); ``wire``: (hidden size,
     wire dtype, dtype tag, context) of the model directory (:func:`cluster.wire_format`)."""
     if model not in sc.model_by_name:
         raise ScenarioError("model_name", "not a model of the scenario", model)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import gc
 
-from slimcaching.latency import exec_time
 from slimcaching.runtime.config import as_config
+from slimcaching.system.latency import exec_time
 
 
 class ExpertOffload:

@@ -20,8 +20,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from slimcaching.hf import find_moe_layers
-from slimcaching.limits import limit
+from slimcaching.inputs.hf import find_moe_layers
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.cluster.layout import CLOUD, Layout
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.device.fallbacks import FallbackLog

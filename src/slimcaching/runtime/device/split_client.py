@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from slimcaching.limits import limit
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.cluster.layout import CLOUD, Layout
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.device.fallbacks import FallbackLog

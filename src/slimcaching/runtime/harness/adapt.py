@@ -1,10 +1,10 @@
-"""``cluster run --adapt``: the adaptive controller (:mod:`slimcaching.adaptive`) on the runtime's own
+"""``cluster run --adapt``: the adaptive controller (:mod:`slimcaching.algorithms.adaptive`) on the runtime's own
 observations, re-placing experts live (the nodes' ``relayout``).
 
 The device records which experts each decoded token's layers chose. Every ``check_tokens`` tokens
 the controller takes the last ``window_tokens`` of them (from the last change point on,
-:func:`slimcaching.adaptive.changed`), plans on one half and judges on the other
-(:func:`slimcaching.adaptive.decide`), and when it switches sends the new placement to every edge
+:func:`slimcaching.algorithms.adaptive.changed`), plans on one half and judges on the other
+(:func:`slimcaching.algorithms.adaptive.decide`), and when it switches sends the new placement to every edge
 server from a thread of its own: the device generates on meanwhile (the nodes serve under the old
 layout until each has loaded what it gains), and when every node has answered, the device's
 layout follows. Each migration is reported with its bytes, the time until every node had switched,
@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from slimcaching.adaptive import Controller, ControllerConfig
-from slimcaching.migration import migration_summary, move_costs
-from slimcaching.problem import build_problem
+from slimcaching.algorithms.adaptive import Controller, ControllerConfig
 from slimcaching.runtime.net import protocol
+from slimcaching.system.migration import migration_summary, move_costs
+from slimcaching.system.problem import build_problem
 
 
 class RuntimeController:

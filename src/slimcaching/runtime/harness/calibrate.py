@@ -37,8 +37,8 @@ from pathlib import Path
 import yaml
 
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import find_moe_layers, load_model
-from slimcaching.model_dir import model_numbers
+from slimcaching.inputs.checkpoint import model_numbers
+from slimcaching.inputs.hf import find_moe_layers, load_model
 from slimcaching.runtime.cluster.context import load_context
 from slimcaching.runtime.config import DEFAULTS
 from slimcaching.runtime.model.tensors import to_numpy

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from slimcaching.errors import ScenarioError
-from slimcaching.fileio import read_data_file
+from slimcaching.inputs.fileio import read_data_file
 from slimcaching.runtime.cluster.context import load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.harness import admin

@@ -24,15 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import load_model
-from slimcaching.limits import limit
-from slimcaching.problem import build_problem
-from slimcaching.queueing import simulate_queueing
+from slimcaching.evaluation.queueing import simulate_queueing
+from slimcaching.inputs.hf import load_model
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.cluster.context import load_context
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.device.fallbacks import describe_fallback
 from slimcaching.runtime.device.modes import Device
-from slimcaching.scenario import WorkloadEntry
+from slimcaching.system.problem import build_problem
+from slimcaching.system.scenario import WorkloadEntry
 
 BREAKDOWN = ("device_compute_s", "pace_pad_s", "access_s", "relay_s", "remote_compute_s", "queue_s",
              "serialise_s", "overhead_s")

@@ -22,7 +22,7 @@ import sys
 import threading
 
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import find_moe_layers, load_model
+from slimcaching.inputs.hf import find_moe_layers, load_model
 
 # the swap below changes module attributes of transformers for the whole process, and
 # transformers' lazy imports are not thread-safe either: one load at a time in a process

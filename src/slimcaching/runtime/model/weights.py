@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slimcaching.errors import ScenarioError
-from slimcaching.hf import find_moe_layers
-from slimcaching.model_dir import expert_blocks, read_checkpoint
+from slimcaching.inputs.checkpoint import expert_blocks, read_checkpoint
+from slimcaching.inputs.hf import find_moe_layers
 
 _EXPERT_COUNT_ATTRS = ("num_local_experts", "num_experts", "n_routed_experts")
 _GATE = ("w1", "gate_proj")

@@ -50,8 +50,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from slimcaching.capacity import fits
 from slimcaching.runtime.cluster.addresses import tcp_address
+from slimcaching.system.capacity import fits
 
 VERSION = 2
 ALIGN = 8  # bodies start at multiples of this many bytes from the frame's start

@@ -1,5 +1,5 @@
 """What a node lets in: requests in flight per sender, in all, and their bytes (limits of
-:mod:`slimcaching.limits`), so no sender and no burst can make a node hold without bound.
+:mod:`slimcaching.inputs.limits`), so no sender and no burst can make a node hold without bound.
 
 A request counts from its admission until it is answered; it counts against its sender's budget
 (the authenticated name, else the connection), however many connections that sender opens.
@@ -7,7 +7,7 @@ A request counts from its admission until it is answered; it counts against its 
 
 from __future__ import annotations
 
-from slimcaching.limits import limit
+from slimcaching.inputs.limits import limit
 
 
 class Admission:

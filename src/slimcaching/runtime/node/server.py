@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-from slimcaching.limits import limit
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.cluster.layout import Layout
 from slimcaching.runtime.config import DEFAULTS, RuntimeConfig
 from slimcaching.runtime.net import protocol

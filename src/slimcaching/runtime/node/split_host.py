@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slimcaching.hf import find_moe_layers
-from slimcaching.limits import limit
+from slimcaching.inputs.hf import find_moe_layers
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.cluster.layout import Layout
 from slimcaching.runtime.model.tensors import to_numpy, to_torch
 from slimcaching.runtime.model.weights import run_expert

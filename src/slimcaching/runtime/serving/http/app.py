@@ -42,7 +42,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from slimcaching.limits import limit
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.device.sampling import SamplingParams
 from slimcaching.runtime.serving.assign import Assigner
 from slimcaching.runtime.serving.engine import Busy, Job

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slimcaching.limits import limit
+from slimcaching.inputs.limits import limit
 from slimcaching.runtime.device.sampling import SamplingParams
 
 USER_HEADER = "x-slimcaching-user"

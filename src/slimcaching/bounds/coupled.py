@@ -1,0 +1,296 @@
+"""A certificate for top-K models with many experts: the capacity levels tied to the servers' contents.
+
+:func:`slimcaching.bounds.certificate.home_bound` lets every (home, level) fill its level's capacity on its
+own, as if the homes did not share servers and a home's levels were not nested. At top-8 with 64
+or more experts per layer that freedom costs most of the certified gap (OLMoE 5 x 50: 12%, of
+which at least 7% remains even with exact per-level tables). This bound prices the link back.
+
+With :mod:`slimcaching.bounds.levels`'s decomposition the best reduction of any placement x is
+at most
+
+    max_{x, B}  sum_{h, j} f_{h,j}(B_{h,j})   s.t.  [e in B_{h,j}] <= sum_{n in S_j(h)} x[n, e],
+                                                     x[n, .] within server n's capacity.
+
+Relaxing the linking constraints with prices mu[h, j, e] >= 0 gives, for *every* mu >= 0,
+
+    L(mu) = sum_{h,j} max_B (f_{h,j}(B) - mu_{h,j}(B))  +  sum_n max_{x_n} sum_e nu[n, e] x[n, e],
+    nu[n, e] = sum of mu[h, j, e] over the (h, j) with n in S_j(h),
+
+an upper bound on the reduction (weak duality), so base - L(mu) is a lower bound on the optimal
+latency. Each (h, j) term is bounded from above by a priced coverage table per (model, layer)
+group (exact on up to 16 experts; beyond, the hub-and-charges bound of
+:func:`slimcaching.bounds.certificate.coverage_upper_bound` with the prices subtracted) combined by the
+knapsack over groups under |B| <= C_j; each server's term by the fractional knapsack (its
+LP relaxation). Both only over-estimate, so the bound stays valid for any prices; the prices are
+improved by projected subgradient steps with Polyak's step size toward the incumbent placement.
+At mu = 0 this is the capacity-levels bound.
+
+References
+----------
+Held, Wolfe, Crowder, "Validation of subgradient optimization", Math. Programming 6 (1974).
+Fisher, "The Lagrangian relaxation method for solving integer programming problems",
+Management Science 27 (1981).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimcaching.algorithms.core.knapsack import knapsack_by_size_class
+from slimcaching.algorithms.core.values import subsets_by_size
+from slimcaching.bounds.levels import Level, LevelGroup, capacity_levels, units_down
+from slimcaching.system.capacity import ABSOLUTE, RELATIVE, how_many
+from slimcaching.system.problem import Problem
+
+EXACT_EXPERTS = 16  # groups of at most this many asked-for experts get exact priced tables
+# a row's gain is charged to its experts in proportion to charge**-SPLIT_TILT: any split is valid,
+# leaning on the rarely asked-for experts tightens it (OLMoE 5 x 50: gap 8.3% even, 5.5% at 3)
+SPLIT_TILT = 3.0
+HUB_EXPERTS = 14  # otherwise this many experts (of largest charge) are valued exactly
+
+_BITS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _subset_bits(h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All masks over h bits in popcount order: their order, popcount starts and bit matrix."""
+    if h not in _BITS:
+        order, starts = subsets_by_size(h)
+        bits = ((order[:, None].astype(np.int64) >> np.arange(h)) & 1).astype(np.float64)
+        _BITS[h] = (order, starts, bits)
+    return _BITS[h]
+
+
+@dataclass
+class _PricedTable:
+    """The price-independent parts of one (home, level, group) coverage table.
+
+    ``hub`` local indices valued exactly (``hub_value`` over all subsets of the hub, in popcount
+    order), ``outer`` the other asked-for experts with ``charge[k - 1, o]`` the most rows through
+    ``outer[o]`` can give when k experts are chosen, ``every[k]`` the gain of all rows of at most
+    k experts (a cap whatever the prices)."""
+
+    group: LevelGroup
+    kmax: int
+    hub: np.ndarray
+    hub_value: np.ndarray
+    outer: np.ndarray
+    charge: np.ndarray
+    every: np.ndarray
+
+    def evaluate(self, price: np.ndarray):
+        """Upper bounds U(k) >= max_{|Y| <= k} gain(Y) - price(Y), k = 0..kmax, and what reads
+        the maximiser back (:meth:`chosen`)."""
+        nh = len(self.hub)
+        order, starts, bits = _subset_bits(nh)
+        vals = self.hub_value - bits @ price[self.hub]
+        seg = np.maximum.reduceat(vals, starts[: nh + 1]) if nh else vals[:1]
+        hub_best = np.maximum.accumulate(seg)  # best subset of at most a hub experts
+        n_out = len(self.outer)
+        net = np.maximum(self.charge - price[self.outer][None, :], 0.0)  # [kmax, O]
+        ranked = np.argsort(-net, axis=1, kind="stable")
+        top = np.zeros((self.kmax, n_out + 1))
+        np.cumsum(np.take_along_axis(net, ranked, axis=1), axis=1, out=top[:, 1:])
+        ks = np.arange(1, self.kmax + 1)[:, None]
+        a = np.arange(nh + 1)[None, :]
+        b = np.clip(ks - a, 0, n_out)
+        split = np.where(a <= ks, hub_best[np.minimum(a, nh)] + top[ks - 1, b], -np.inf)
+        best_a = np.argmax(split, axis=1)
+        raw = np.concatenate([[0.0], np.minimum(split.max(axis=1), self.every[1:])])
+        return np.maximum.accumulate(raw), (raw, vals, starts, order, best_a, ranked, b)
+
+    def chosen(self, k: int, state) -> np.ndarray:
+        """Local indices of the subset that attains the table's value at count ``k``."""
+        raw, vals, starts, order, best_a, ranked, b = state
+        k = int(np.argmax(raw[: k + 1]))
+        if k == 0:
+            return np.zeros(0, np.int64)
+        a = int(best_a[k - 1])
+        mask = int(order[int(np.argmax(vals[: starts[a + 1]]))]) if a > 0 else 0
+        inside = self.hub[((mask >> np.arange(len(self.hub))) & 1).astype(bool)]
+        take = ranked[k - 1, : b[k - 1, a]]
+        return np.concatenate([inside, self.outer[take]]).astype(np.int64)
+
+
+def _priced_table(grp: LevelGroup, kmax: int, exact_experts: int = EXACT_EXPERTS,
+                  hub_experts: int = HUB_EXPERTS, split_tilt: float = SPLIT_TILT) -> _PricedTable:
+    """Precompute what :meth:`_PricedTable.evaluate` needs (see
+    :func:`slimcaching.bounds.certificate.coverage_upper_bound` for the charges)."""
+    e = grp.e
+    size = grp.present.sum(axis=1)
+    keep = (grp.gain > 0) & (size > 0) & (size <= kmax)
+    sets, valid, gain, size = grp.lidx[keep], grp.present[keep], grp.gain[keep], size[keep]
+    every = np.cumsum(np.bincount(size, weights=gain, minlength=kmax + 1))[: kmax + 1]
+    charge = np.bincount(sets[valid], weights=np.repeat(gain / size, size), minlength=e)[:e]
+    asked = np.nonzero(charge > 0)[0]
+    n_hub = len(asked) if len(asked) <= exact_experts else hub_experts
+    hub = asked[np.argsort(-charge[asked], kind="stable")[:n_hub]]
+    in_hub = np.zeros(e + 1, bool)
+    in_hub[hub] = True
+    idx = np.zeros(e + 1, np.int64)
+    idx[hub] = np.arange(len(hub))
+    at = np.where(valid, sets, e)
+    inside = np.all(in_hub[at] | ~valid, axis=1)
+    coef = np.zeros(1 << len(hub))
+    masks = np.bitwise_or.reduce(np.where(valid[inside], np.left_shift(np.int64(1), idx[at[inside]]), 0), axis=1) \
+        if inside.any() else np.zeros(0, np.int64)
+    np.add.at(coef, masks, gain[inside])
+    for j in range(len(hub)):  # zeta transform: the gain of every row within each subset
+        v = coef.reshape(-1, 2, 1 << j)
+        v[:, 1, :] += v[:, 0, :]
+    order, _, _ = _subset_bits(len(hub))
+    outer = np.nonzero((charge > 0) & ~in_hub[:e])[0]
+    o_rows = ~inside
+    o_sets, o_valid, o_gain, o_size = sets[o_rows], valid[o_rows], gain[o_rows], size[o_rows]
+    out_valid = o_valid & ~in_hub[np.where(o_valid, o_sets, e)]
+    # each row's gain is charged to its experts outside the hub, more to the less asked-for ones
+    # (any split is valid; this one keeps popular experts from collecting partial rows' gains)
+    tilt = np.where(out_valid, np.where(out_valid, charge[np.where(o_valid, o_sets, 0)], 1.0) ** -split_tilt, 0.0)
+    split = o_gain[:, None] * tilt / np.maximum(tilt.sum(axis=1, keepdims=True), 1e-300)  # [R, K]
+    lone = o_size == 1
+    single = np.bincount(o_sets[lone][out_valid[lone]], weights=split[lone][out_valid[lone]], minlength=e)[:e]
+    multi = np.bincount(o_sets[~lone][out_valid[~lone]], weights=split[~lone][out_valid[~lone]], minlength=e)[:e]
+    width = sets.shape[1]
+    both = out_valid[:, :, None] & o_valid[:, None, :] & ~np.eye(width, dtype=bool)[None, :, :]
+    both &= ~lone[:, None, None]
+    r_of, x_at, y_at = np.nonzero(both)
+    pair_w = split[r_of, x_at] / np.maximum(o_size[r_of] - 1, 1)
+    pair = np.bincount(o_sets[r_of, x_at] * e + o_sets[r_of, y_at], weights=pair_w,
+                       minlength=e * e).reshape(e, e)[outer]
+    span = min(kmax, e)
+    pair_top = np.zeros((len(outer), kmax))  # pair_top[o, k - 1]: the k - 1 largest of pair[o, :]
+    if span > 1:
+        pair_top[:, 1:span] = np.cumsum(-np.sort(-pair, axis=1)[:, : span - 1], axis=1)
+        pair_top[:, span:] = pair_top[:, span - 1 : span]
+    charge_k = single[outer][None, :] + np.minimum(multi[outer][:, None], pair_top).T  # [kmax, O]
+    return _PricedTable(grp, kmax, hub, coef[order], outer, charge_k, every)
+
+
+def _fractional_knapsack(value: np.ndarray, size: np.ndarray, capacity: np.ndarray) -> tuple[float, np.ndarray]:
+    """sum over servers of max sum_e value[n, e] x[n, e], sum_e size[e] x[n, e] <= capacity[n],
+    0 <= x <= 1 (Dantzig: by value per byte, the last item split), and the maximiser x."""
+    x = np.zeros_like(value)
+    total = 0.0
+    for n in range(value.shape[0]):
+        pos = np.nonzero(value[n] > 0)[0]
+        if not len(pos):
+            continue
+        pos = pos[np.argsort(-value[n, pos] / size[pos], kind="stable")]
+        room = capacity[n] - np.concatenate([[0.0], np.cumsum(size[pos])[:-1]])
+        frac = np.clip(room / size[pos], 0.0, 1.0)
+        x[n, pos] = frac
+        total += float(frac @ value[n, pos])
+    return total, x
+
+
+@dataclass
+class _LevelTables:
+    level: Level
+    tables: list[_PricedTable]
+    units: np.ndarray
+    cap_units: int
+    offset: int  # where this level's prices start in the flat price vector
+
+
+def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_limit: float = 30.0,
+                         max_iterations: int = 10_000, progress=None) -> dict:
+    """A lower bound on the optimal mean token latency: the capacity levels priced against the
+    servers' contents (module docstring), by projected subgradient steps within ``time_limit``.
+
+    ``incumbent`` (a placement's latency, e.g. the one being certified) sets Polyak's step target
+    and stops the search once the bound proves it optimal; without it the target is 5% below the
+    current bound. ``progress(bound_s, iteration)``, if given, is called after each improvement
+    (and with ``(None, -levels)`` while the tables are built).
+    Returns ``{"lower_bound_s", "iterations", "seconds", "start_s"}`` (``start_s``: the bound at
+    zero prices, the capacity-levels bound with these tables).
+
+    Complexity: per iteration, per (home, level, group) O(2^H H + kmax O log O) with H <= 16 hub
+    experts and O the group's other experts, one knapsack per (home, level) and one sort per server.
+    """
+    t0 = time.perf_counter()
+    p = problem.compact()
+    lv = capacity_levels(p)
+    room = p.capacity * (1.0 + RELATIVE) + ABSOLUTE
+    levels: list[_LevelTables] = []
+    offset = 0
+    for level in lv.levels:
+        tables = []
+        for grp in level.groups:
+            kmax = min(how_many(level.capacity, grp.size), int(grp.used.sum()))
+            tables.append(_priced_table(grp, kmax, EXACT_EXPERTS, HUB_EXPERTS, SPLIT_TILT))
+        units, cap_units, _ = units_down(np.array([t.group.size for t in tables]), level.capacity)
+        levels.append(_LevelTables(level, tables, units, cap_units, offset))
+        offset += sum(t.group.e for t in tables)
+        if progress is not None:
+            progress(None, -len(levels))  # building: tables of this many levels so far
+        if time.perf_counter() - t0 > time_limit:
+            break
+    if len(levels) < len(lv.levels):  # out of time before the tables were built: no bound from here
+        return {"lower_bound_s": None, "iterations": 0, "seconds": time.perf_counter() - t0, "start_s": None}
+    # flat price vector; for each level-group the items it prices and the servers that hold them
+    n_prices = offset
+    item_of = np.empty(n_prices, np.int64)
+    for lt in levels:
+        at = lt.offset
+        for t in lt.tables:
+            item_of[at : at + t.group.e] = t.group.lo + np.arange(t.group.e)
+            at += t.group.e
+    # incidence: price index -> servers of its level (nu = sum over levels containing the server)
+    ns = p.n_servers
+    level_of = np.empty(n_prices, np.int64)
+    server_mask = np.zeros((len(levels), ns), bool)
+    for li, lt in enumerate(levels):
+        span = sum(t.group.e for t in lt.tables)
+        level_of[lt.offset : lt.offset + span] = li
+        server_mask[li, lt.level.servers] = True
+    held = server_mask[level_of].astype(np.float64)  # [price, server]: the server is in the price's level
+    price = np.zeros(n_prices)
+
+    def evaluate(price):
+        total = lv.tail
+        chosen = np.zeros(n_prices)
+        for lt in levels:
+            values, states = [], []
+            at = lt.offset
+            for t in lt.tables:
+                v, s = t.evaluate(price[at : at + t.group.e])
+                values.append(v)
+                states.append(s)
+                at += t.group.e
+            val, ks, _ = knapsack_by_size_class(values, lt.units, lt.cap_units)
+            total += val
+            at = lt.offset
+            for t, k, s in zip(lt.tables, ks, states):
+                chosen[at + t.chosen(k, s)] = 1.0
+                at += t.group.e
+        nu = np.stack([np.bincount(item_of, weights=price * held[:, n], minlength=p.n_items) for n in range(ns)])
+        fk, x = _fractional_knapsack(nu, p.item_size, room)
+        supply = (held * x[:, item_of].T).sum(axis=1)
+        return total + fk, chosen - supply
+
+    value, g = evaluate(price)
+    best = start = value
+    target = (lv.base - incumbent) if incumbent is not None else None
+    theta, stall, it = 1.0, 0, 0
+    while it < max_iterations and time.perf_counter() - t0 < time_limit and theta > 1e-3:
+        goal = target if target is not None else 0.95 * best
+        if best <= goal:  # the incumbent is proven optimal
+            break
+        norm = float(g @ g)
+        if norm == 0.0:  # the relaxation's maximiser is feasible: the bound cannot improve
+            break
+        price = np.maximum(price + theta * (value - goal) / norm * g, 0.0)
+        value, g = evaluate(price)
+        it += 1
+        if value < best - 1e-15 * abs(best):
+            best, stall = value, 0
+            if progress is not None:
+                progress((lv.base - best) * (1 - 1e-9), it)
+        else:
+            stall += 1
+            if stall >= 4:
+                theta, stall = theta / 2, 0
+    return {"lower_bound_s": (lv.base - best) * (1 - 1e-9), "iterations": it,
+            "seconds": time.perf_counter() - t0, "start_s": (lv.base - start) * (1 - 1e-9)}
