@@ -394,3 +394,40 @@ def synthetic_profile(model: str, experts: int, top_k: int, layers: int, task: s
     sim = RouterSimulator(experts, top_k, layers, seed=seed, model_key=model, **params)
     meta = {"synthetic": {"task": task, "seed": seed, **params}}
     return profile_from_trace(sim.trace(task, tokens), model, meta)
+
+
+def hub_topic_trace(experts: int, top_k: int, layers: int, tokens: int, seed: int = 0, hubs: int = 4,
+                    topics: int = 8, hub_boost: float = 3.0, topic_boost: float = 4.5,
+                    zipf: float = 1.75) -> np.ndarray:
+    """[tokens, layers, K] routing with the shape trained routers show: a few *hub* experts many
+    tokens use, *topics* (clusters of experts a token's subject draws on, one topic per token and
+    the same across layers) and a long tail. Per layer the experts are shuffled (seeded), ``hubs``
+    of them are hubs and the rest split into ``topics`` clusters; a token of topic j scores every
+    expert as ``hub_boost`` [hub] + ``topic_boost`` [in topic j] - ``zipf`` log(rank in its cluster)
+    + Gumbel noise and takes the K best, i.e. K draws without replacement with probability
+    proportional to exp(score). Topics are drawn Zipf-like (weight 1 / (j + 1)).
+
+    >>> t = hub_topic_trace(64, 8, 2, 500, seed=1)
+    >>> t.shape, bool((np.diff(t, axis=2) > 0).all())
+    ((500, 2, 8), True)
+    """
+    if not (0 < top_k <= experts) or hubs < 0 or topics < 1 or hubs + topics > experts:
+        raise ScenarioError("hub_topic", f"needs 0 < top_k <= experts and hubs + topics <= experts "
+                            f"(got experts={experts}, top_k={top_k}, hubs={hubs}, topics={topics})")
+    rng = np.random.default_rng([seed, experts, top_k, layers])
+    weights = 1.0 / np.arange(1, topics + 1)
+    topic = rng.choice(topics, size=tokens, p=weights / weights.sum())
+    out = np.empty((tokens, layers, top_k), dtype=np.int64)
+    for layer in range(layers):
+        perm = rng.permutation(experts)
+        hub, rest = perm[:hubs], perm[hubs:]
+        cluster = np.full(experts, -1)
+        rank = np.zeros(experts)
+        for j, members in enumerate(np.array_split(rest, topics)):
+            cluster[members] = j
+            rank[members] = np.arange(len(members))
+        base = np.where(np.isin(np.arange(experts), hub), hub_boost, 0.0) - zipf * np.log1p(rank)
+        score = base[None, :] + topic_boost * (cluster[None, :] == topic[:, None]) + rng.gumbel(size=(tokens, experts))
+        top = np.argpartition(-score, top_k - 1, axis=1)[:, :top_k]
+        out[:, layer] = np.sort(top, axis=1)
+    return out

@@ -42,7 +42,7 @@ import numpy as np
 
 from slimcaching.catalogue import INDEPENDENT_TOKENS, ROUTING_FORMATS
 from slimcaching.errors import ScenarioError
-from slimcaching.inputs.fileio import atomic_write, input_file, npy_header, read_input_bytes, read_text
+from slimcaching.inputs.fileio import atomic_write, input_file, npy_header, parse_json, read_input_bytes, read_text
 from slimcaching.inputs.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.inputs.limits import check
 from slimcaching.inputs.profiles import LayerProfile, Profile, draw_rows, gumbel_noise, independent_layer, log_weights
@@ -288,6 +288,35 @@ def _per_pass_counts(dump: dict, seen: set, where: str) -> np.ndarray:
     return total
 
 
+def _json_counts(path: Path, where: str) -> np.ndarray:
+    """``logical_count`` of a JSON dump (what SGLang's ``--init-expert-location`` also reads): nested
+    lists of integers >= 0, at most :data:`TRACE_ENTRIES` of them."""
+    data = _dict(parse_json(read_text(path, where), path, where), ("logical_count",), where)
+    flat: list[int] = []
+
+    def walk(v, depth: int) -> tuple[int, ...]:
+        if isinstance(v, list):
+            if depth >= 3 or not v:
+                raise ScenarioError(f"{where}: logical_count", "expected (steps, layers, experts) or (layers, experts) "
+                                    "nested lists of counts")
+            shapes = {walk(x, depth + 1) for x in v}
+            if len(shapes) != 1:
+                raise ScenarioError(f"{where}: logical_count", "rows of unequal length")
+            return (len(v),) + shapes.pop()
+        if type(v) is not int or v < 0:
+            raise ScenarioError(f"{where}: logical_count", "counts must be integers >= 0", v)
+        flat.append(v)
+        if len(flat) > TRACE_ENTRIES:
+            raise ScenarioError(f"{where}: logical_count", f"more than {TRACE_ENTRIES:,} entries")
+        return ()
+
+    shape = walk(data["logical_count"], 0)
+    if len(shape) not in (2, 3):
+        raise ScenarioError(f"{where}: logical_count", "expected (steps, layers, experts) or (layers, experts)",
+                            list(shape))
+    return np.asarray(flat, dtype=np.int64).reshape(shape)
+
+
 def read_sglang_stat(paths: list[Path], top_k: int, experts: int | None = None) -> Imported:
     """SGLang ``stat`` dumps (logical counts summed over the buffered steps) or ``per_pass`` dumps
     (physical counts per forward pass, folded to logical ids); summed over files."""
@@ -295,9 +324,14 @@ def read_sglang_stat(paths: list[Path], top_k: int, experts: int | None = None) 
     total = None
     seen: set = set()
     for p in paths:
-        dump = _torch_load(p, where)
         f = f"{where}: {p.name}"
-        if isinstance(dump, dict) and "records" in dump and "logical_count" not in dump:
+        dump = _json_counts(p, f) if p.suffix.lower() == ".json" else _torch_load(p, where)
+        if isinstance(dump, np.ndarray):  # a .json dump: its logical_count, already checked
+            c = dump[None] if dump.ndim == 2 else dump
+            if c.ndim != 3:
+                raise ScenarioError(where, f"{p.name}: logical_count must be (steps, layers, experts)", list(c.shape))
+            c = c.sum(axis=0)
+        elif isinstance(dump, dict) and "records" in dump and "logical_count" not in dump:
             dump = _dict(dump, ("records", "last_physical_to_logical_map"), f)
             if dump["records"] and isinstance(dump["records"][0], dict) and "topk_ids_of_layer" in dump["records"][0]:
                 raise ScenarioError(where, f"{p.name} is a per_token dump: import it as sglang-per-token (it has "
