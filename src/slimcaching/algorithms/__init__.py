@@ -71,7 +71,7 @@ def register(name: str, summary: str, *, params: dict[str, Param] | None = None,
 def _algorithm_modules() -> list[str]:
     """Every module of this package but the shared building blocks and the contract checks."""
     return [m.name for m in pkgutil.iter_modules(__path__)
-            if not m.name.startswith("_") and m.name not in ("core", "checks", "co_local", "adaptive")]
+            if not m.name.startswith("_") and m.name not in ("core", "checks", "co_local", "adaptive", "ep")]
 
 
 def _load_all() -> None:

@@ -5,8 +5,9 @@ line ``error: <field>: <message> (got <value>)`` on stderr and exit status 2; ou
 atomically, so a failed command leaves nothing half-written.
 
 Groups: :mod:`.scenario` (validate, export, scenario new), :mod:`.solve` (solve, demo),
-:mod:`.evaluate` (evaluate, simulate), :mod:`.experiment` (experiment, report), :mod:`.profile`
-(profile, profile import, profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
+:mod:`.evaluate` (evaluate, simulate), :mod:`.ep` (export-placement; solve, evaluate and demo on EP
+scenarios), :mod:`.experiment` (experiment, report), :mod:`.profile` (profile, profile import,
+profile-from-trace, profile-stats, profile-fit), :mod:`.catalog` (algorithms, presets),
 :mod:`.runtime` (cluster run, node, generate), :mod:`.calibrate`, :mod:`.keys` (keys, cluster status,
 cluster stop), :mod:`.serve` (serve), :mod:`.replan` (replan).
 """
@@ -32,6 +33,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 from slimcaching.cli import (
     calibrate,
     catalog,
+    ep,
     evaluate,
     experiment,
     keys,
@@ -48,7 +50,7 @@ from slimcaching.version import package_version
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SlimCaching: edge caching of MoE experts for distributed inference.")
-for group in (scenario, solve, replan, evaluate, experiment, profile, catalog, runtime, calibrate, keys, serve):
+for group in (scenario, solve, replan, evaluate, ep, experiment, profile, catalog, runtime, calibrate, keys, serve):
     app.registered_commands.extend(group.app.registered_commands)
 app.add_typer(scenario.scenario_app, name="scenario")
 app.add_typer(runtime.cluster_app, name="cluster")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from slimcaching.cli import ep
 from slimcaching.cli.common import ScenarioArg, flags, note_other_scenario, out, read_scenario, table
 from slimcaching.errors import ScenarioError
 
@@ -23,7 +24,11 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     users: Annotated[bool, typer.Option("--users", help="Per-user table as well.")] = False,
 ) -> None:
-    """Objective and breakdown of a placement."""
+    """Objective and breakdown of a placement (on an EP deployment: inter-node copies, loads, layer time)."""
+    if ep.is_ep_scenario(scenario):
+        if users:
+            raise ScenarioError("--users", "an EP deployment has ranks, not users")
+        return ep.evaluate(scenario, placement, as_json)
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.evaluation.breakdown import placement_breakdown, problem_for
     from slimcaching.system.placement import load_placement

@@ -19,6 +19,11 @@ scenario_app = typer.Typer(no_args_is_help=True, help="Create scenario files.")
 def validate(scenario: ScenarioArg = "default") -> None:
     """Check a scenario file: one line per error (every independent error, not just the first), or a
     one-line summary."""
+    from slimcaching.cli import ep  # start-up
+    if ep.is_ep_scenario(scenario):
+        dep, _ = ep.read_ep(scenario)
+        out.print(f"ok: {ep.describe(dep)}", highlight=False, markup=False)
+        return
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.system.scenario import ScenarioErrors
     try:
@@ -71,8 +76,20 @@ def scenario_new(
                     "(rates fall with distance; see docs/scenario.md).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Random seed.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+    ep_layout: Annotated[str | None, typer.Option(
+        "--ep", metavar="NODESxGPUS", help="An expert-parallel deployment on GPU clusters instead of edge servers "
+        "(e.g. 4x8): one --models preset, every expert held at least once, equal slots per GPU.")] = None,
+    redundant: Annotated[int, typer.Option(min=0, help="With --ep: redundant expert slots per MoE layer "
+                                           "(SGLang's --ep-num-redundant-experts).")] = 0,
+    profile: Annotated[Path | None, typer.Option(help="With --ep: a profile file (from 'profile import') "
+                                                 "used on every rank; default: the seeded router simulator.")] = None,
 ) -> None:
     """Generate a scenario file from options."""
+    if ep_layout is not None:
+        from slimcaching.cli.ep import scenario_new_ep  # start-up
+        return scenario_new_ep(output, ep_layout, redundant, models, profile, seed, force)
+    if profile is not None or redundant:
+        raise ScenarioError("--profile" if profile is not None else "--redundant", "goes with --ep NODESxGPUS")
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.inputs.fileio import atomic_write, check_target, data_file_text
     from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from slimcaching.cli import ep
 from slimcaching.cli.common import (
     QUIET,
     ScenarioArg,
@@ -55,6 +56,10 @@ def solve_cmd(
 ) -> None:
     """Compute a placement with one algorithm: a short summary (latency, reduction, storage used per
     server), the placement file with -o, or the placement as JSON on stdout with --json."""
+    if ep.is_ep_scenario(scenario):  # an expert-parallel deployment: its own algorithms and metrics
+        if co_local or seed is not None:
+            raise ScenarioError("--co-local" if co_local else "--seed", "has no meaning on an EP deployment")
+        return ep.solve(scenario, algorithm, output, parse_params(param), time_limit, bound, bound_time_limit, as_json)
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.algorithms import coerce_params, get_algorithm, solve  # start-up
     from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
@@ -173,6 +178,8 @@ def demo(
 
     The table is plain text and the same on every machine (it holds no timings), so that the
     README can show exactly what this prints; the solve times follow it on one line."""
+    if ep.is_ep_scenario(scenario):
+        return ep.demo(scenario, algorithms, time_limit)
     # start-up: imported when the command runs, so that --help and the others start at once
     from rich.progress import Progress
 

@@ -191,3 +191,18 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, **overrides) ->
 def default_scenario_dict() -> dict:
     """The built-in default scenario as an input mapping."""
     return generate_scenario_dict(GeneratorOptions())
+
+
+# the routing of `scenario new --ep` without --profile: the seeded router simulator with a moderate skew
+# (a trained router's load-balancing loss keeps experts nearer even than the edge presets' tasks)
+EP_SYNTHETIC = {"task": "chat", "tokens": 4000, "skew": 0.6, "coupling": 1.5}
+
+
+def ep_scenario_dict(preset: str, nodes: int, gpus_per_node: int, redundant: int = 0, profile: str | None = None,
+                     name: str = "ep", seed: int = 0) -> dict:
+    """An EP deployment of ``preset`` on ``nodes`` x ``gpus_per_node`` GPUs (H100/H200 defaults), every
+    rank with the routing of ``profile`` (a profile file) or of the seeded simulator."""
+    routing = {"file": profile} if profile else {"synthetic": {"model": preset, "seed": seed, **EP_SYNTHETIC}}
+    return {"name": name, "models": [{"name": preset, "preset": preset}], "profiles": {"routing": routing},
+            "ep": {"model": preset, "nodes": nodes, "gpus_per_node": gpus_per_node, "redundant": redundant,
+                   "profile": "routing"}}
