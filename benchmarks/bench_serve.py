@@ -19,7 +19,7 @@ devices' own mean time per decoded token and the latency model's no-load time fo
 (from /metrics), and the nodes' batches (mean requests per batch).
 
 Beside each row: ``simulate --queueing`` for the same users at the token rate each achieved, with
-the same batching (:func:`slimcaching.runtime.harness.run.simulate_at_rates`): the latency model's
+the same batching (:func:`slimcaching.runtime.harness.report.simulate_at_rates`): the latency model's
 per-token mean and p95 / p99 at that load. The serving process runs every user's device on this
 machine's cores: where it saturates, measured times grow beyond the model's (which gives every
 user a phone of its own), and the gap is the serving host's CPU, not the cluster.
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     if any(len(t) != 2 or t[0] not in ("guidellm", "aiperf") for t in tools):
         raise SystemExit("--tool: expected guidellm=PATH or aiperf=PATH")
     from slimcaching.runtime.cluster.context import load_context
-    from slimcaching.runtime.harness.run import simulate_at_rates
+    from slimcaching.runtime.harness.report import simulate_at_rates
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -92,7 +92,8 @@ def cluster_run(
     from slimcaching.inputs.fileio import write_json
     from slimcaching.inputs.hf import prompt_texts  # start-up
     from slimcaching.runtime.cluster.context import load_context  # start-up
-    from slimcaching.runtime.harness.run import RunOptions, parse_events, run_cluster, run_rows  # start-up
+    from slimcaching.runtime.harness.report import run_rows  # start-up
+    from slimcaching.runtime.harness.run import RunOptions, parse_events, run_cluster  # start-up
     if launcher not in ("local", "ray"):
         raise ScenarioError("--launcher", "expected local or ray", launcher)
     if address is not None and launcher != "ray":
@@ -204,7 +205,8 @@ def generate_cmd(
     from slimcaching.inputs.hf import prompt_texts  # start-up
     from slimcaching.runtime.device.fallbacks import describe_fallback
     from slimcaching.runtime.device.offload import ClusterError  # optional extra (runtime: pyzmq)
-    from slimcaching.runtime.harness.run import RunOptions, check_prompt_lengths, device_session, run_report
+    from slimcaching.runtime.harness.report import run_report
+    from slimcaching.runtime.harness.run import RunOptions, check_prompt_lengths, device_session
     from slimcaching.runtime.net.security import load_keyring  # optional extra (runtime: pyzmq)
 
     data, sc, pl, md, ctx, addrs = _cluster_inputs(cluster, scenario, placement, model, model_name)

@@ -109,13 +109,7 @@ class DeviceClient:
         self.late_replies = 0
         self.expert_seconds = 0.0  # time spent inside expert layers during the current forward
         for node in (self.home, CLOUD):  # connect early: the first request should not wait for TCP
-            self._sock(node)
-
-    def _sock(self, node: str):
-        sock = self.dealers.get(node)
-        if sock is None:
-            raise KeyError(node)
-        return sock
+            self.dealers.require(node)
 
     def close(self) -> None:
         self.dealers.close()
@@ -204,7 +198,7 @@ class DeviceClient:
                          reply_hops=[] if target == via else [(CLOUD, via)], dtype_tag=tag)
         links = [self.uplinks[via]] if target == via else [self.uplinks[via], self.backhauls[via]]
         frames = protocol.stamp(req, lambda size: schedule_path(links, size, time.time()))  # encoded: ready to go
-        if not send_now(self._sock(target), frames, self.config.connect_grace_ms):
+        if not send_now(self.dealers.require(target), frames, self.config.connect_grace_ms):
             return self._failed(target, "not connected", layer, payload, assign, tag, exclude, via)
         return req.id, target, exclude, via
 
@@ -218,7 +212,7 @@ class DeviceClient:
         rid, target, exclude, via = sent
         while True:
             now = time.time()
-            sock = self._sock(target)
+            sock = self.dealers.require(target)
             left = deadline - now
             if left <= 0:
                 rid, target, exclude, via = self._failed(target, "no reply before the deadline", layer, payload,

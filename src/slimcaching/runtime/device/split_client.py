@@ -59,7 +59,7 @@ class SplitClient:
         self.max_message_bytes = layout.max_message_bytes(limit("request_rows"))
         self.dealers = Dealers(self.ctx, addresses, self.max_message_bytes, keyring)
         for node in (self.home, CLOUD):
-            self._sock(node)
+            self.dealers.require(node)
 
     def via(self, host: str) -> str:
         """The reached server a step to ``host`` goes through: the least a_{u,v} + c_{v,host} among
@@ -70,12 +70,6 @@ class SplitClient:
             return self.home
         lay = self.layout
         return min(live, key=lambda v: lay.access_s(self.user, v) + lay.relay_s.get((v, host), math.inf))
-
-    def _sock(self, node: str):
-        sock = self.dealers.get(node)
-        if sock is None:
-            raise KeyError(node)
-        return sock
 
     def close(self) -> None:
         self.dealers.close()
@@ -136,7 +130,7 @@ class SplitClient:
                 info["start"] = 0
 
     def _exchange(self, target: str, req: SplitStep, deadline: float):
-        sock = self._sock(target)
+        sock = self.dealers.require(target)
         if not send_now(sock, req.frames(), self.config.connect_grace_ms):
             return "not connected"
         while True:
@@ -170,7 +164,7 @@ class SplitClient:
     def end(self, session: str, host: str) -> None:
         """Tell the host the session is over (best effort: its cache is also dropped when old)."""
         target = self.home if self.health.alive(self.home) else CLOUD
-        send_nowait(self._sock(target), SplitEnd(next(self.ids), self.user, session, host).frames())
+        send_nowait(self.dealers.require(target), SplitEnd(next(self.ids), self.user, session, host).frames())
 
 
 def model_eos_ids(model) -> list[int]:

@@ -347,6 +347,13 @@ class Dealers:
             self._at[peer] = addr
         return self.socks[peer]
 
+    def require(self, peer: str) -> zmq.Socket:
+        """The socket to ``peer``; a KeyError when its address is unknown."""
+        sock = self.get(peer)
+        if sock is None:
+            raise KeyError(peer)
+        return sock
+
     def close(self) -> None:
         for sock in self.socks.values():
             sock.close(0)
