@@ -50,6 +50,7 @@ import numpy as np
 
 from slimcaching.algorithms.replan import replan
 from slimcaching.inputs.profiles import LayerProfile, Profile
+from slimcaching.system.arith import dot
 from slimcaching.system.migration import CHUNK_BYTES, move_costs, schedule_gain, staged_gain
 from slimcaching.system.problem import Problem, build_problem
 from slimcaching.system.scenario import Scenario, WorkloadEntry, resolve_local_caches
@@ -176,7 +177,7 @@ def token_variance(problem: Problem, x: np.ndarray, x_other: np.ndarray | None =
     mean_e = np.bincount(entry_of_key, weights=mean_el, minlength=n_entries)
     var_e = np.bincount(entry_of_key, weights=var_el, minlength=n_entries)
     w = problem.entry_weight / problem.entry_weight.sum()
-    return float(max(w @ (var_e + mean_e ** 2) - (w @ mean_e) ** 2, 0.0))
+    return float(max(dot(w, var_e + mean_e ** 2) - dot(w, mean_e) ** 2, 0.0))
 
 
 def observed_tokens(observed: dict[int, list[np.ndarray]]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from slimcaching.algorithms import Param, register
+from slimcaching.system.arith import dot
 from slimcaching.system.capacity import ABSOLUTE, RELATIVE
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
@@ -12,7 +13,7 @@ from slimcaching.system.problem import Problem
 
 def fill_in_order(problem: Problem, server: int, order: np.ndarray, x: np.ndarray) -> None:
     """Add items to ``server`` in ``order``, skipping each that no longer fits."""
-    free = float(problem.capacity[server] - float(x[server] @ problem.item_size))
+    free = float(problem.capacity[server] - dot(x[server], problem.item_size))
     sizes, held, take = problem.item_size.tolist(), x[server].tolist(), []
     room = 1.0 + RELATIVE
     for i in order.tolist():  # Python floats: the same arithmetic as numpy's, without its per-scalar cost

@@ -42,6 +42,7 @@ import itertools
 import numpy as np
 
 from slimcaching.algorithms import Param, register
+from slimcaching.system.arith import dot
 from slimcaching.system.capacity import ABSOLUTE, RELATIVE, fits
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
@@ -101,7 +102,7 @@ class _Greedy:
     def gain(self, r: np.ndarray, n: int, i: int) -> float:
         if self.blind:
             v = self.p.holder_cost[:, n, self.p.item_model[i]]
-            return float(self.home_weight[:, i] @ np.maximum(r[:, i] - v, 0.0))
+            return dot(self.home_weight[:, i], np.maximum(r[:, i] - v, 0.0))
         sl = slice(self.indptr[i], self.indptr[i + 1])
         return float(self._entry_gains(r, sl, n).sum())
 

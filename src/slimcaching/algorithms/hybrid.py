@@ -35,6 +35,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.evaluation.queueing import simulate_queueing
 from slimcaching.system.architectures import CLOUD, SLIM, assigned_problem, mean_latency, pair_options, serve
 from slimcaching.system.architectures import utilisation as expected_utilisation
+from slimcaching.system.arith import matvec
 from slimcaching.system.capacity import fits
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
@@ -139,7 +140,7 @@ def slimcaching_hybrid(problem: Problem, inner: str = "slimcaching-fast", rounds
         # moves (gain estimate, server to add at, model to add or -1, dense parts to drop): adds,
         # swaps (another model's part at the same server dropped) and relocations (the same
         # model's part moved from another server) by estimated gain, then plain drops
-        used = dense.astype(float) @ d_size
+        used = matvec(dense.astype(float), d_size)
 
         def fits_at(n, m, freed=0.0, used=used):
             return fits(d_size[m] + used[n] - freed, p.capacity[n])

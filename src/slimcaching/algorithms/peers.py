@@ -29,6 +29,7 @@ import numpy as np
 
 from slimcaching.algorithms import register
 from slimcaching.algorithms.baselines import fill_in_order
+from slimcaching.system.arith import vecmat
 from slimcaching.system.capacity import fits
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
@@ -180,7 +181,7 @@ def topology_aware(problem: Problem) -> Placement:
                 break
             if load[items[e]] <= 0:
                 continue
-            c = wl[:, e] @ np.minimum(cost, cloud[:, None])  # [N]: a user takes the cloud when it is faster
+            c = vecmat(wl[:, e], np.minimum(cost, cloud[:, None]))  # [N]: a user takes the cloud when it is faster
             c = np.where(free > 0, c, np.inf)
             n = int(np.argmin(c))
             x[n, items[e]] = True

@@ -42,6 +42,7 @@ import numpy as np
 from slimcaching.algorithms.core.knapsack import knapsack_by_size_class
 from slimcaching.algorithms.core.values import subsets_by_size
 from slimcaching.bounds.levels import Level, LevelGroup, capacity_levels, units_down
+from slimcaching.system.arith import dot, matvec
 from slimcaching.system.capacity import ABSOLUTE, RELATIVE, how_many
 from slimcaching.system.problem import Problem
 
@@ -85,7 +86,7 @@ class _PricedTable:
         the maximiser back (:meth:`chosen`)."""
         nh = len(self.hub)
         order, starts, bits = _subset_bits(nh)
-        vals = self.hub_value - bits @ price[self.hub]
+        vals = self.hub_value - matvec(bits, price[self.hub])
         seg = np.maximum.reduceat(vals, starts[: nh + 1]) if nh else vals[:1]
         hub_best = np.maximum.accumulate(seg)  # best subset of at most a hub experts
         n_out = len(self.outer)
@@ -181,7 +182,7 @@ def _fractional_knapsack(value: np.ndarray, size: np.ndarray, capacity: np.ndarr
         room = capacity[n] - np.concatenate([[0.0], np.cumsum(size[pos])[:-1]])
         frac = np.clip(room / size[pos], 0.0, 1.0)
         x[n, pos] = frac
-        total += float(frac @ value[n, pos])
+        total += dot(frac, value[n, pos])
     return total, x
 
 
@@ -278,7 +279,7 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
         goal = target if target is not None else 0.95 * best
         if best <= goal:  # the incumbent is proven optimal
             break
-        norm = float(g @ g)
+        norm = dot(g, g)
         if norm == 0.0:  # the relaxation's maximiser is feasible: the bound cannot improve
             break
         price = np.maximum(price + theta * (value - goal) / norm * g, 0.0)

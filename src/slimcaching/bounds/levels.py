@@ -26,6 +26,7 @@ import numpy as np
 
 from slimcaching.algorithms.core.decomposition import Decomposition
 from slimcaching.algorithms.core.knapsack import capacity_units
+from slimcaching.system.arith import dot
 from slimcaching.system.problem import Problem
 
 
@@ -102,7 +103,7 @@ def capacity_levels(problem: Problem, max_levels: int | None = None) -> Levels:
             present = items < p.n_items
             local, access, w = p.row_local[a:b], p.row_access[a:b], p.row_weight[a:b]
             worst = np.where(present.any(axis=1), g_cost[ns, m], -np.inf)
-            base += float(w @ np.maximum(local, access + worst))
+            base += dot(w, np.maximum(local, access + worst))
             parts.append((m, lo, e, items, present, local, access, w))
         for j in range(1, ns + 1):  # level j: servers order[:j], gains L(g_{j+1}) - L(g_j)
             # from here on every row may count as covered: the gains of all remaining levels
@@ -118,7 +119,7 @@ def capacity_levels(problem: Problem, max_levels: int | None = None) -> Levels:
                 if last:
                     full = np.where(present.any(axis=1), covered, local)
                     worst = np.where(present.any(axis=1), hi_cost, -np.inf)
-                    tail += float(w @ (np.maximum(local, access + worst) - full))
+                    tail += dot(w, np.maximum(local, access + worst) - full)
                     continue
                 gain = np.where(present.any(axis=1), w * (np.maximum(local, access + hi_cost) - covered), 0.0)
                 lidx = np.where(present, items - lo, e)

@@ -8,6 +8,7 @@ import numpy as np
 
 from slimcaching.errors import ScenarioError
 from slimcaching.system.architectures import PARTS, architecture_name, latency_parts, mean_latency
+from slimcaching.system.arith import dot
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem, build_problem
 from slimcaching.system.scenario import Scenario, check_local_cache
@@ -77,7 +78,7 @@ def placement_breakdown(problem: Problem, placement: Placement) -> dict:
                            for n, s in enumerate(names)}}
         for mi, m in enumerate(sc.models):
             if w[:, mi].sum() > 0:
-                out["per_model"][m.name] = {"mean_token_latency_s": float(w[:, mi] @ lat[:, mi] / w[:, mi].sum())}
+                out["per_model"][m.name] = {"mean_token_latency_s": dot(w[:, mi], lat[:, mi]) / float(w[:, mi].sum())}
         for c, members in enumerate(problem.class_users):
             for ui in members:
                 u = sc.users[ui]
@@ -97,7 +98,7 @@ def placement_breakdown(problem: Problem, placement: Placement) -> dict:
         if mname not in out["per_model"]:
             continue
         wm = w[:, mi]
-        out["per_model"][mname]["parts"] = {k: float(wm @ parts[:, mi, j] / wm.sum()) for j, k in enumerate(PARTS)}
+        out["per_model"][mname]["parts"] = {k: dot(wm, parts[:, mi, j]) / float(wm.sum()) for j, k in enumerate(PARTS)}
         out["per_model"][mname]["architectures"] = {a: s / wm.sum() for (mn, a), s in sorted(arch.items())
                                                     if mn == mname}
     shares: dict[str, float] = {}
@@ -142,7 +143,7 @@ def breakdown(problem: Problem, x: np.ndarray) -> dict:
     hidden = np.array([m.hidden_bytes for m in problem.scenario.models])
     access_bytes = per(any_remote.astype(float)) * 2.0 * hidden
     backhaul_bytes = per(needs_cloud.astype(float)) * 2.0 * hidden  # home <-> cloud, once per layer
-    total = float(problem.row_weight @ lat + problem.dense_term)
+    total = float(dot(problem.row_weight, lat) + problem.dense_term)
     users = []
     sc = problem.scenario
     for c, members in enumerate(problem.class_users):

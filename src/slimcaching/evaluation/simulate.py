@@ -18,6 +18,7 @@ from slimcaching.errors import ScenarioError
 from slimcaching.inputs.fileio import input_file, npy_header
 from slimcaching.inputs.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.system.architectures import CLOUD, SLIM, pair_options, per_class_problem, profile_sets, serve
+from slimcaching.system.arith import dot
 from slimcaching.system.problem import Problem
 
 
@@ -60,7 +61,7 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0,
                 const = opts.split_access[c, mi, how] + opts.split_dense[how, mi]
                 worst = r[how][items].max(axis=1)
                 cloud_row = src_cloud[how][items].any(axis=1)
-            analytic += problem.entry_weight[e] * (const + (0.0 if worst is None else float(prob @ worst)))
+            analytic += problem.entry_weight[e] * (const + (0.0 if worst is None else dot(prob, worst)))
             if n == 0:
                 continue
             total = np.full(n, const)
@@ -99,7 +100,7 @@ def simulate_tokens(problem: Problem, x: np.ndarray, tokens: int, seed: int = 0,
         "seed": int(seed),
         "mean_token_latency_s": float(lat.mean()),
         "standard_error_s": float(lat.std(ddof=1) / np.sqrt(len(lat))) if len(lat) > 1 else 0.0,
-        "analytic_mean_token_latency_s": (float(problem.row_weight @ lat_row + problem.dense_term)
+        "analytic_mean_token_latency_s": (float(dot(problem.row_weight, lat_row) + problem.dense_term)
                                           if choice is None else analytic) / float(problem.entry_weight.sum())
         if problem.entry_weight.sum() else 0.0,
         "latency_model": latency_model,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slimcaching.system.arith import dot, matvec, vecmat
 from slimcaching.system.latency import exec_time
 from slimcaching.system.problem import Problem, build_problem
 
@@ -106,7 +107,7 @@ def pair_options(problem: Problem, x: np.ndarray, slim: bool = True) -> PairOpti
     for e, name in enumerate(p.entry_profile):
         if name not in values:
             items, _, prob = profile_sets(p, name)
-            values[name] = r[:ns][:, items].max(axis=2) @ prob
+            values[name] = matvec(r[:ns][:, items].max(axis=2), prob)
         c, m = p.entry_class[e], p.entry_model[e]
         layers_part[c, m] += p.entry_weight[e] / p.class_model_weight[c, m] * values[name]
     # the access round trip, the relay to n and the device's own part (embedding, head, sampling)
@@ -233,7 +234,7 @@ def assigned_problem(problem: Problem, choice: np.ndarray, dense: np.ndarray) ->
     minus = np.full(len(out.row_items), -1, np.int64)
     out.row_class, out.row_entry, out.row_prob = minus, minus, np.full(len(minus), np.nan)
     out.dense_term = constant
-    out.capacity = np.maximum(q.capacity - dense.astype(float) @ q.dense_bytes, 0.0)
+    out.capacity = np.maximum(q.capacity - matvec(dense.astype(float), q.dense_bytes), 0.0)
     return out.compact()
 
 
@@ -296,7 +297,7 @@ def latency_parts(problem: Problem, x: np.ndarray, dense: np.ndarray | None, lat
     for e, name in enumerate(p.entry_profile):
         if name not in values:
             items, _, prob = profile_sets(p, name)
-            values[name] = np.stack([prob @ _critical_parts(p, x, r, np.full(len(items), n), items)
+            values[name] = np.stack([vecmat(prob, _critical_parts(p, x, r, np.full(len(items), n), items))
                                      for n in range(ns)]) if ns else np.zeros((0, 3))
         c, m = p.entry_class[e], p.entry_model[e]
         split_layer_parts[c, m] += p.entry_weight[e] / p.class_model_weight[c, m] * values[name]
@@ -382,5 +383,5 @@ def utilisation(problem: Problem, x: np.ndarray, dense: np.ndarray | None, laten
         jobs, cloud = _row_jobs(q, x, r, np.full(len(items), n), items)
         busy[n] += tokens[e] * d_server[n, m]
         busy += tokens[e] * (prob[:, None] * jobs).sum(axis=0) * q.server_exec[:, m]
-        back[n] += tokens[e] * float(prob @ cloud) * 2.0 * bits[m] / rate_back[n]
+        back[n] += tokens[e] * dot(prob, cloud) * 2.0 * bits[m] / rate_back[n]
     return busy, back

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from slimcaching.system.arith import dot, matvec
 from slimcaching.system.capacity import fits
 from slimcaching.system.latency import (
     cloud_round_trip,
@@ -201,7 +202,7 @@ class Problem:
 
     def objective(self, x: np.ndarray) -> float:
         """T-bar of docs/model.md §latency (seconds per token) for edge placement ``x`` [N, I] bool."""
-        return float(self.row_weight @ self.row_latency(x) + self.dense_term)
+        return float(dot(self.row_weight, self.row_latency(x)) + self.dense_term)
 
     def compact(self) -> Problem:
         """The same objective with identical rows merged (weights added) and rows sorted by
@@ -246,9 +247,9 @@ class Problem:
     def check_capacity(self, x: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
         """Bytes used per server, dense parts ``dense`` [N, M] included (raises nothing; callers
         compare with ``capacity``)."""
-        used = x.astype(float) @ self.item_size
+        used = matvec(x.astype(float), self.item_size)
         if dense is not None:
-            used = used + dense.astype(float) @ self.dense_bytes
+            used = used + matvec(dense.astype(float), self.dense_bytes)
         return used
 
     def feasible(self, x: np.ndarray, dense: np.ndarray | None = None) -> bool:

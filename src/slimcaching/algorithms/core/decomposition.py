@@ -33,6 +33,7 @@ from slimcaching.algorithms.core.groups import (
 )
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, ValueTable, table_work, value_table
+from slimcaching.system.arith import dot
 from slimcaching.system.capacity import how_many
 from slimcaching.system.problem import Problem
 
@@ -307,7 +308,7 @@ class Decomposition:
         p = self.problem
         cap = p.capacity[n]
         if self.force is not None:
-            cap = cap - float(self.force[n] @ p.item_size)
+            cap = cap - dot(self.force[n], p.item_size)
         self.dirty[n] = False
         self.beam_width = beam_width
         stale = {}  # group -> inputs of the tables to recompute
