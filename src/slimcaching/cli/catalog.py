@@ -29,13 +29,20 @@ def list_algorithms(
             params[k] = {"default": v, "type": r.kind.__name__, "min": r.lo, "min_inclusive": r.lo_inclusive,
                          "max": r.hi}
         rows.append({"name": n, "summary": spec.summary, "parameters": params})
+    from slimcaching.algorithms.ep import ep_algorithm_names, get_ep_algorithm  # start-up
+    ep_rows = [{"name": n, "summary": get_ep_algorithm(n).summary,
+                "parameters": {k: {"default": v, "type": type(v).__name__}
+                               for k, v in get_ep_algorithm(n).defaults.items()}} for n in ep_algorithm_names()]
     if as_json:
-        sys.stdout.write(json.dumps({"algorithms": rows}, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps({"algorithms": rows, "ep_algorithms": ep_rows}, allow_nan=False) + "\n")
         return
-    t = table("name", "what", "parameters (defaults)")
-    for r in rows:
-        t.add_row(r["name"], r["summary"], ", ".join(f"{k}={v['default']}" for k, v in r["parameters"].items()))
-    out.print(t)
+    for title, entries in (("", rows), ("on expert-parallel deployments (a scenario with an 'ep' section):", ep_rows)):
+        if title:
+            out.print(title, highlight=False)
+        t = table("name", "what", "parameters (defaults)")
+        for r in entries:
+            t.add_row(r["name"], r["summary"], ", ".join(f"{k}={v['default']}" for k, v in r["parameters"].items()))
+        out.print(t)
 
 
 @app.command("presets")
