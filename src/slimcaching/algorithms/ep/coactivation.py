@@ -22,12 +22,12 @@ a state, so the placement is the same on every machine and thread count.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from slimcaching.algorithms.core.decomposition import table_threads
 from slimcaching.algorithms.ep import EPPlacement, register_ep
 from slimcaching.algorithms.ep.peers import pack_nodes, rebalance_experts
 from slimcaching.errors import ScenarioError
@@ -175,7 +175,8 @@ def _plan_layer(problem: EPProblem, li: int, starts: tuple[str, ...], slack: flo
 
 def plan(problem: EPProblem, starts: tuple[str, ...], slack: float, passes: int, width: int, candidates: int,
          threads: int = 0) -> EPPlacement:
-    """Every layer planned (on ``threads`` threads; 0: up to two, one below eight layers)."""
+    """Every layer planned (on ``threads`` threads; 0: ``SLIMCACHING_THREADS`` or the cores, at most
+    eight, one below eight layers)."""
     if not slack >= 0:
         raise ScenarioError("param slack", "must be >= 0", slack)
     for name, v in (("passes", passes), ("width", width), ("candidates", candidates)):
@@ -184,7 +185,7 @@ def plan(problem: EPProblem, starts: tuple[str, ...], slack: float, passes: int,
     dep = problem.deployment
     groups = EXPERT_GROUPS.get((dep.meta.get("preset") or "").lower(), 1)
     if threads <= 0:
-        threads = 1 if dep.layers < 8 else min(2, os.cpu_count() or 1)
+        threads = 1 if dep.layers < 8 else table_threads()
 
     def one(li):
         return _plan_layer(problem, li, starts, slack, passes, width, candidates, groups)
