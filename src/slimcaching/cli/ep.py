@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,8 @@ def is_ep_scenario(scenario: str | None) -> bool:
         return False
     path = Path(scenario)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # a FIFO, a device, a folder: never opened here (a FIFO would block)
         with open(path, "rb") as fh:
             text = fh.read(64 * 2**20)
     except OSError:
