@@ -179,15 +179,20 @@ def _planner_part(module: str) -> str | None:
     return parts[1]
 
 
-def planner_violations(graph: nx.DiGraph) -> list[str]:
+def rank_violations(graph: nx.DiGraph, part_of, rank: dict[str, int]) -> list[str]:
+    """Edges from a part to a part of the same or a higher rank (modules outside the parts: None)."""
     bad = []
     for a, b in graph.edges:
-        pa, pb = _planner_part(a), _planner_part(b)
+        pa, pb = part_of(a), part_of(b)
         if pa is None or pb is None or pa == pb:
             continue
-        if PLANNER_RANK[pb] >= PLANNER_RANK[pa]:
+        if rank[pb] >= rank[pa]:
             bad.append(f"{a} -> {b}")
     return sorted(bad)
+
+
+def planner_violations(graph: nx.DiGraph) -> list[str]:
+    return rank_violations(graph, _planner_part, PLANNER_RANK)
 
 
 def test_planner_packages_import_only_downwards():
@@ -239,14 +244,7 @@ def _runtime_part(module: str) -> str | None:
 
 
 def runtime_violations(graph: nx.DiGraph) -> list[str]:
-    bad = []
-    for a, b in graph.edges:
-        pa, pb = _runtime_part(a), _runtime_part(b)
-        if pa is None or pb is None or pa == pb:
-            continue
-        if RUNTIME_RANK[pb] >= RUNTIME_RANK[pa]:
-            bad.append(f"{a} -> {b}")
-    return sorted(bad)
+    return rank_violations(graph, _runtime_part, RUNTIME_RANK)
 
 
 def test_runtime_subpackages_import_only_downwards():

@@ -100,6 +100,25 @@ def _load_ok(node_load, cap, before):
 
 
 @numba.njit(cache=True, nogil=True)
+def pair_columns(held, e, e_drop, e_add, f, f_drop, f_add, col_e, orig_e, col_f, orig_f):
+    """The holders of e and f now (``orig_*``) and after a move of both (``col_*``): e leaves node
+    ``e_drop`` and joins ``e_add``, f likewise (-1: no such node)."""
+    for n in range(held.shape[0]):
+        orig_e[n] = held[n, e]
+        col_e[n] = held[n, e]
+        orig_f[n] = held[n, f]
+        col_f[n] = held[n, f]
+    if e_drop >= 0:
+        col_e[e_drop] = False
+    if e_add >= 0:
+        col_e[e_add] = True
+    if f_drop >= 0:
+        col_f[f_drop] = False
+    if f_add >= 0:
+        col_f[f_add] = True
+
+
+@numba.njit(cache=True, nogil=True)
 def swap_pass(held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load, cap, width):
     """One pass of pairwise swaps between nodes: for every pair (a, b), the ``width`` best experts to
     move a -> b and b -> a by their single-move change, tried in pairs; the first pair that lowers the
@@ -143,15 +162,7 @@ def swap_pass(held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load, ca
                     if not np.isfinite(gb[f]) or moved[f] or not held[b, f] or held[a, f] or f == e:
                         continue
                     before = node_load.max()
-                    for n in range(n_nodes):
-                        orig[n] = held[n, e]
-                        col[n] = held[n, e]
-                        orig_f[n] = held[n, f]
-                        col_f[n] = held[n, f]
-                    col[a] = False
-                    col[b] = True
-                    col_f[b] = False
-                    col_f[a] = True
+                    pair_columns(held, e, a, b, f, b, a, col, orig, col_f, orig_f)
                     d = change(e, col, held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load)
                     d += change(f, col_f, held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load)
                     if d < -EPS and _load_ok(node_load, cap, before):
@@ -188,13 +199,7 @@ def replica_pass(held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load,
                 if held[a, e]:
                     continue
                 before = node_load.max()
-                for n in range(n_nodes):
-                    orig_e[n] = held[n, e]
-                    col_e[n] = held[n, e]
-                    orig_f[n] = held[n, f]
-                    col_f[n] = held[n, f]
-                col_f[a] = False
-                col_e[a] = True
+                pair_columns(held, e, -1, a, f, a, -1, col_e, orig_e, col_f, orig_f)
                 d = change(f, col_f, held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load)
                 d += change(e, col_e, held, pick, cnt, weights, sends, rows_ptr, rows_idx, node_load)
                 ok = _load_ok(node_load, cap, before)
