@@ -40,6 +40,10 @@ def finish(code: int) -> int:
     when Ctrl-C left a HiGHS solve running on its own thread (branch and bound does not always
     stop at once; waiting for it would take up to its time limit, and the interpreter's teardown
     under a running solver thread can crash)."""
+    # a KeyboardInterrupt that ended code run from a string (numba's and dataclasses' generated
+    # code) leaves CPython's "unhandled KeyboardInterrupt" flag set even though it was caught, and
+    # ``python -m slimcaching`` would then end by SIGINT instead of this code; a string eval resets it
+    exec("None", {})  # noqa: S102 - a constant string
     solver = sys.modules.get("slimcaching.system.formulation")
     if QUICK_EXIT["asked"] or (solver is not None and solver.abandoned_solves()):
         sys.stdout.flush()
