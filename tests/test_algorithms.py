@@ -533,3 +533,23 @@ def test_approximate_tables_row_greedy_by_default_beam_on_request():
     assert "beam(width=16)" in beam.params["value_tables"]
     for pl in (rows, beam):
         assert problem.feasible(pl.x) and problem.objective(pl.x) <= problem.objective(problem.empty_placement())
+
+
+def test_solve_imports_only_the_chosen_algorithm():
+    """``solve -a NAME`` loads NAME's module alone (the registry's map of homes); the map names
+    every registered algorithm and the module that registers it, so a new algorithm cannot be
+    missed (an unmapped name still loads every module)."""
+    import ast
+    import subprocess
+    import sys
+
+    from slimcaching.algorithms import _HOMES, ALGORITHMS, algorithm_names
+
+    algorithm_names()
+    assert {n: ALGORITHMS[n].fn.__module__.rsplit(".", 1)[1] for n in ALGORITHMS} == _HOMES
+    code = ("import sys\nfrom slimcaching.algorithms import get_algorithm\nget_algorithm('lfu')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('slimcaching.algorithms.')"
+            " and m.count('.') == 2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = ast.literal_eval(out.stdout)
+    assert "slimcaching.algorithms.baselines" in loaded and "slimcaching.algorithms.exact" not in loaded, loaded

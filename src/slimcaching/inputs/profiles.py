@@ -229,6 +229,40 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (uniq[:, None] >> shifts) & ((1 << bits) - 1), counts
 
 
+def group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Identical rows of a table given column by column (integer ids, or floats compared by
+    their bits): the first row of each distinct one and every row's group, distinct rows in the
+    columns' lexicographic order (floats by their factorised bits).
+
+    Each column becomes a small integer code (ids as they are, floats factorised) and the codes
+    combine into one int64 key per row, re-factorised before it could overflow: a few 1-D sorts
+    instead of ``np.unique`` over a void view, whose generic compare is ~5-10x slower.
+
+    >>> idx, inv = group_rows([np.array([1, 0, 1]), np.array([0.5, 2.0, 0.5])])
+    >>> idx.tolist(), inv.tolist()
+    ([1, 0], [1, 0, 1])
+    """
+    n = len(columns[0]) if columns else 0
+    code, card = np.zeros(n, np.int64), 1
+    for col in columns:
+        col = np.asarray(col)
+        if col.dtype.kind == "f":
+            col = col.astype(np.float64).view(np.int64)
+        col = col.astype(np.int64, copy=False)
+        if n and col.min() >= 0 and int(col.max()) < 1 << 24:
+            vals, width = col, int(col.max()) + 1
+        else:  # (sorted values, then a binary search: cheaper than unique's inverse when few)
+            uniq = np.unique(col)
+            vals, width = np.searchsorted(uniq, col), max(1, len(uniq))
+        if card * width >= 1 << 62:
+            uniq, code = np.unique(code, return_inverse=True)
+            card = max(1, len(uniq))
+        code = code * width + vals
+        card *= width
+    _, idx, inv = np.unique(code, return_index=True, return_inverse=True)
+    return idx, inv.ravel()
+
+
 def gumbel_noise(tokens: int, experts: int, seed: int) -> np.ndarray:
     """(tokens, experts) standard Gumbel noise from ``seed``, made from PCG64's uniform doubles
     (``Generator.random``, a stream numpy keeps) so that the same seed draws the same sets

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from slimcaching.inputs.profiles import group_rows
 from slimcaching.system.arith import dot, matvec
 from slimcaching.system.capacity import fits
 from slimcaching.system.latency import (
@@ -212,13 +213,9 @@ class Problem:
             return self
         if "compact" in self._cache:
             return self._cache["compact"]
-        cols = np.concatenate([
-            self.row_model[:, None], self.row_layer[:, None], self.row_home[:, None], self.row_items,
-            self.row_access.view(np.int64)[:, None], self.row_local.view(np.int64)[:, None]], axis=1)
-        cols = np.ascontiguousarray(cols)
-        void = cols.view(np.dtype((np.void, cols.dtype.itemsize * cols.shape[1]))).ravel()
-        _, idx, inv = np.unique(void, return_index=True, return_inverse=True)
-        weight = np.bincount(inv.ravel(), weights=self.row_weight, minlength=len(idx))
+        idx, inv = group_rows([self.row_model, self.row_layer, self.row_home, *self.row_items.T,
+                               self.row_access, self.row_local])
+        weight = np.bincount(inv, weights=self.row_weight, minlength=len(idx))
         order = np.lexsort((self.row_home[idx], self.row_layer[idx], self.row_model[idx]))
         idx, weight = idx[order], weight[order]
         out = copy.copy(self)
@@ -258,10 +255,7 @@ class Problem:
 
 def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
     """Append one profile's rows to ``rows`` with identical rows merged (weights added)."""
-    cols = np.ascontiguousarray(np.concatenate([home[:, None], layer[:, None], items, access.view(np.int64)[:, None],
-                                                local.view(np.int64)[:, None]], axis=1))
-    void = cols.view(np.dtype((np.void, cols.dtype.itemsize * cols.shape[1]))).ravel()
-    _, idx, inv = np.unique(void, return_index=True, return_inverse=True)
+    idx, inv = group_rows([home, layer, *np.asarray(items).T, access, local])
     n = len(idx)
     rows["items"].append(items[idx])
     rows["cls"].append(np.full(n, -1))
@@ -270,7 +264,7 @@ def _append_merged(rows: dict, items, home, model: int, layer, access, local, we
     rows["layer"].append(layer[idx])
     rows["access"].append(access[idx])
     rows["local"].append(local[idx])
-    rows["w"].append(np.bincount(inv.ravel(), weights=weight, minlength=n))
+    rows["w"].append(np.bincount(inv, weights=weight, minlength=n))
     rows["p"].append(np.full(n, np.nan))
     rows["entry"].append(np.full(n, -1))
 
