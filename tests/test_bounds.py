@@ -15,6 +15,7 @@ from slimcaching.algorithms import solve
 from slimcaching.bounds.certificate import gap, lower_bound, storage_bound
 from slimcaching.inputs.families import random_instance
 from slimcaching.system.formulation import build_formulation, dual_bound, solve_lp_bound
+from slimcaching.system.placement import placement_from_dict
 from slimcaching.system.problem import build_problem
 from slimcaching.system.scenario import resolve_scenario
 
@@ -104,6 +105,15 @@ def test_cli_bound_and_exact_time_limit(tmp_path):
     assert data["gap"] == pytest.approx(gap(data["mean_token_latency_s"], data["lower_bound_s"]))
     assert data["bound_method"].startswith("LP relaxation")
     assert "of optimal" in " ".join(res.output.split())
+    g = data["guarantee"]  # the paper's guarantee beside the certificate, in the file and on screen
+    assert 0 <= g["kappa_lower"] <= g["kappa"] <= 1 and g["applies"] is False  # greedy: not its guarantee
+    assert g["ratio"] == pytest.approx((1 - g["kappa"]) / (2 - g["kappa"])) and "paper's guarantee" in res.output
+    assert placement_from_dict(data, build_problem(resolve_scenario(random_instance(7, 2)))).info["guarantee"] == g
+    k1 = tmp_path / "k1.json"
+    k1.write_text(json.dumps(tiny_scenario_dict(3, top_k=1)))
+    res = CliRunner().invoke(app, ["solve", str(k1), "--bound", "-o", str(out)])
+    g = json.loads(out.read_text())["guarantee"]
+    assert res.exit_code == 0 and g["kappa"] == 0 and g["ratio"] == 0.5 and g["applies"] is True, res.output
     # a time limit that is reached is said so, with the incumbent (the warm start) and its gap
     res = CliRunner().invoke(app, ["solve", "default", "-a", "exact", "--time-limit", "0.5", "-o",
                                    str(tmp_path / "e.json")])
@@ -296,3 +306,70 @@ def test_fractional_knapsack_is_above_every_integer_choice(seed):
                   if size[list(y)].sum() <= cap[n_i])
         best += row
     assert total >= best - 1e-9
+
+
+def _true_curvature(problem) -> float:
+    """gamma = min f(v | A) / f(v | B) over A subset of B, v not in B (capped at 1), by enumeration
+    over every (server, item) element: tiny instances only."""
+    elems = [(n, i) for n in range(problem.n_servers) for i in range(problem.n_items)]
+    t = {}
+
+    def cost(s: frozenset) -> float:
+        if s not in t:
+            x = problem.empty_placement()
+            for n, i in s:
+                x[n, i] = True
+            t[s] = problem.objective(x)
+        return t[s]
+
+    gamma = 1.0
+    for v in elems:
+        rest = [e for e in elems if e != v]
+        for b_mask in range(1 << len(rest)):
+            b = frozenset(e for j, e in enumerate(rest) if b_mask >> j & 1)
+            gain_b = cost(b) - cost(b | {v})
+            if gain_b <= 1e-15:
+                continue
+            sub = [e for e in b]
+            for a_mask in range(1 << len(sub)):
+                a = frozenset(e for j, e in enumerate(sub) if a_mask >> j & 1)
+                gamma = min(gamma, max(0.0, cost(a) - cost(a | {v})) / gain_b)
+    return gamma
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_papers_curvature_matches_brute_force(seed):
+    """kappa from the closed form bounds the true curvature from above and the witness from below;
+    with one server and one user (one home) both equal brute force's. K = 1 gives kappa = 0, 1/2."""
+    from slimcaching.bounds.guarantee import paper_guarantee
+
+    one = build_problem(resolve_scenario(tiny_scenario_dict(seed, servers=1, users=1, experts=4, top_k=2, layers=1,
+                                                            local_experts=int(seed % 3))))
+    truth = 1.0 - _true_curvature(one)
+    g = paper_guarantee(one)
+    assert g["kappa_lower"] - 1e-9 <= truth <= g["kappa"] + 1e-9
+    if g["exact"]:
+        assert abs(g["kappa"] - truth) <= 1e-9
+    assert abs(g["ratio"] - (1 - g["kappa"]) / (2 - g["kappa"])) <= 1e-12
+    many = build_problem(resolve_scenario(tiny_scenario_dict(seed, servers=2, users=3, experts=3, top_k=2, layers=1,
+                                                             local_experts=1)))
+    truth = 1.0 - _true_curvature(many)
+    g = paper_guarantee(many)
+    assert g["kappa_lower"] - 1e-9 <= truth <= g["kappa"] + 1e-9
+    k1 = paper_guarantee(build_problem(resolve_scenario(tiny_scenario_dict(seed, top_k=1))))
+    assert k1["kappa"] == 0.0 and k1["ratio"] == 0.5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_successive_decomposition_keeps_the_guaranteed_share(seed):
+    """The guarantee holds: slimcaching's saving over the device caches is at least ratio x the
+    optimum's (brute force), on instances where kappa < 1."""
+    from slimcaching.bounds.guarantee import paper_guarantee
+
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed, servers=2, users=2, experts=4, top_k=2,
+                                                                layers=1, local_experts=1 + seed % 2)))
+    g = paper_guarantee(problem)
+    base = problem.objective(problem.empty_placement())
+    opt = brute_force(problem)
+    got = problem.objective(solve(problem, "slimcaching").x)
+    assert base - got >= g["ratio"] * (base - opt) - 1e-12

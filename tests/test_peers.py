@@ -123,6 +123,8 @@ def test_experiment_peers_quick(tmp_path):
             assert by[(x, "slimcaching")] <= by[(x, a)] * (1 + 1e-12)
     text = (tmp_path / "peers.md").read_text()
     assert "Certified gap" in text and "imported trace" in text and "peers-trace.jsonl" in text
+    assert "The paper's guarantee beside the certificate" in text and "| kappa (max over seeds) |" in text
+    assert all(0.0 <= float(r["kappa"]) <= 1.0 for r in rows)
     assert (tmp_path / "peers.png").exists() and (tmp_path / "peers-trace.jsonl").exists()
     assert not math.isnan(float(rows[0]["bound_ms"]))
 

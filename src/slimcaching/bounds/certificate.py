@@ -30,6 +30,7 @@ from slimcaching.algorithms.core.groups import PrefixGroup
 from slimcaching.algorithms.core.knapsack import capacity_units, knapsack_by_size_class
 from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table, zeta_table
 from slimcaching.bounds.coupled import coupled_levels_bound
+from slimcaching.bounds.guarantee import paper_guarantee
 from slimcaching.bounds.levels import capacity_levels, units_down
 from slimcaching.system.capacity import how_many
 from slimcaching.system.formulation import build_formulation, solve_lp_bound
@@ -305,6 +306,19 @@ def certify(problem: Problem, placement: Placement, latency: float, time_limit: 
     lb = min(lb, latency)
     placement.info.update(lower_bound_s=lb, gap=gap(latency, lb), bound_method=cert["bound_method"],
                           bound_seconds=cert["bound_seconds"])
+    placement.info["guarantee"] = placement_guarantee(problem, placement)
     skipped = "".join(f"; skipped {s}" for s in cert["skipped"])
     return (f"; within {gap(latency, lb) * 100:.3f}% of optimal (lower bound {lb * 1e3:.3f} ms: "
             f"{cert['bound_method']}, {cert['bound_seconds']:.1f} s{skipped})")
+
+
+def placement_guarantee(problem: Problem, placement: Placement) -> dict:
+    """:func:`~slimcaching.bounds.guarantee.paper_guarantee` for ``placement``'s problem, with
+    ``applies``: whether ``placement`` was made the way the guarantee assumes (successive
+    decomposition whose per-server programmes were exact: exact value tables and capacity grid)."""
+    g = paper_guarantee(problem)
+    p = placement.params
+    exact_dp = (str(p.get("value_tables", "")).startswith("exact")
+                and str(p.get("capacity_grid", "exact")).startswith("exact"))
+    g["applies"] = placement.algorithm in ("slimcaching", "slimcaching-fast") and exact_dp
+    return g

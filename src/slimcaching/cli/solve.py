@@ -104,14 +104,21 @@ def solve_cmd(
     if bound:
         summary += _certify_with_progress(problem, placement, latency, bound_time_limit)
     data = placement.to_dict(problem, latency)
+    promise = None
+    if "guarantee" in placement.info:
+        from slimcaching.bounds.guarantee import guarantee_line  # start-up: only with --bound
+
+        promise = guarantee_line(placement.info["guarantee"])
     if output is None and as_json:
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
         console.print(summary)
     elif output is None:
-        _print_summary(problem, placement, latency, summary)
+        _print_summary(problem, placement, latency, summary, promise)
     else:
         atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
         console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
+    if promise and (output is not None or as_json):
+        console.print(promise, highlight=False, markup=False, soft_wrap=True)
 
 
 def _certify_with_progress(problem, placement, latency: float, time_limit: float) -> str:
@@ -147,13 +154,15 @@ def _certify_with_progress(problem, placement, latency: float, time_limit: float
         return certify(problem, placement, latency, time_limit, step)
 
 
-def _print_summary(problem, placement, latency: float, summary: str) -> None:
+def _print_summary(problem, placement, latency: float, summary: str, promise: str | None = None) -> None:
     """What a person asked ``solve`` for, on stdout: the latency, the reduction against no edge
     caching, and where the experts went (bytes and experts per server)."""
     # start-up: imported when the command runs, so that --help and the others start at once
     import numpy as np
     none = problem.objective(problem.empty_placement())
     out.print(f"{summary}, solved in {placement.solve_seconds:.2f} s", highlight=False)
+    if promise:
+        out.print(promise, highlight=False, markup=False)
     if none > 0 and placement.latency_model != "hybrid":
         out.print(f"reduction against no edge caching: {(1 - latency / none) * 100:.1f}% "
                   f"({none * 1e3:.3f} ms without)", highlight=False)
@@ -226,6 +235,10 @@ def demo(
             for name, lat, _, note in sorted(rows, key=lambda r: (r[1] is None, r[1] or 0, r[0]))]
     out.print("mean per-token latency (lower is better)", highlight=False, markup=False)
     out.print(text_table(("algorithm", "ms/token", "vs none", "note"), body, align="<>><"),
+              highlight=False, markup=False, soft_wrap=True)
+    from slimcaching.bounds.guarantee import guarantee_line, paper_guarantee  # start-up
+
+    out.print(guarantee_line(paper_guarantee(problem), proof="a certificate (solve --bound)"),
               highlight=False, markup=False, soft_wrap=True)
     timed = sorted((r for r in rows if r[2] is not None), key=lambda r: -r[2])
     slow = [f"{n} {secs:.2f}" for n, _, secs, _ in timed if secs >= 0.05]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from slimcaching.algorithms import solve
 from slimcaching.bounds.certificate import lower_bound
+from slimcaching.bounds.guarantee import paper_guarantee
 from slimcaching.errors import ScenarioError
 from slimcaching.evaluation.breakdown import placement_breakdown
 from slimcaching.evaluation.queueing import simulate_queueing
@@ -41,7 +42,7 @@ from slimcaching.system.scenario import load_scenario, resolve_scenario
 
 COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduction_vs_none", "solve_s",
            "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error",
-           "bound_ms"]
+           "bound_ms", "kappa"]
 
 SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
 
@@ -118,13 +119,15 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
             if name == "none":
                 ref = lat * 1e3
             rows.append(row)
-        bound = float("nan")
+        bound = kappa = float("nan")
         if exp.option == "variant":  # a proven lower bound on the optimum: every row's gap is certified
             bound = 1e3 * lower_bound(problem, time_limit=PEER_BOUND_LIMIT[quick])["lower_bound_s"]
+            kappa = paper_guarantee(problem)["kappa"]  # and the paper's a-priori guarantee beside it
         for row in rows:
             lat = row["latency_ms"]
             row["reduction_vs_none"] = (ref - lat) / ref if ref and lat == lat else float("nan")
             row["bound_ms"] = bound
+            row["kappa"] = kappa
         return [r for r in rows if r["algorithm"] in algorithms or r["algorithm"] == "exact"]
     except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
         msg = f"{type(exc).__name__}: {exc}"
@@ -132,7 +135,8 @@ def run_point(exp_name: str, value, seed: int, quick: bool, algorithms: list[str
             msg += " | " + traceback.format_exc(limit=3).replace("\n", " ")[-400:]
         return [dict(base, algorithm="*", latency_ms=float("nan"), reduction_vs_none=float("nan"),
                      solve_s=float("nan"), access_kb=float("nan"), backhaul_kb=float("nan"), share_all_local="",
-                     share_edge_only="", share_needs_cloud="", status="failed", error=msg, bound_ms=float("nan"))]
+                     share_edge_only="", share_needs_cloud="", status="failed", error=msg, bound_ms=float("nan"),
+                     kappa=float("nan"))]
 
 
 def _peer_trace_point(out: Path, quick: bool, trace: list[Path] | None, fmt: str, model: str | None) -> tuple:
