@@ -325,3 +325,29 @@ def test_storage_too_small_for_any_expert_warns(tmp_path, capsys):
     sc.write_text(json.dumps(data))
     assert main(["validate", str(sc)]) == 0
     assert "holds no expert" not in capsys.readouterr().err
+
+
+def test_a_problem_too_big_for_memory_is_refused_before_it_is_built(tmp_path, capsys, monkeypatch):
+    """build_problem estimates its rows and bytes before allocating them and refuses, in one line
+    with the estimate, what drives it and what shrinks it, what would not fit in 80% of the memory
+    available; a MemoryError anywhere else is one line naming the stage, exit 1, no traceback."""
+    import slimcaching.system.problem as problem_module
+    from slimcaching.cli import main
+
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(problem_module, "available_memory", lambda: 20e6)  # the default needs ~30 MB by the rule
+    assert main(["solve", "default", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: problem: about ") and err.count("\n") == 1, err
+    assert "rows (93 entries" in err and "32 layers x ~97 sets" in err and "profile import counts --tokens N" in err
+    assert not out.exists() and not list(tmp_path.iterdir())
+    monkeypatch.setattr(problem_module, "available_memory", lambda: float("inf"))
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 558 MiB for an array with shape (73096992,) and data type float64")
+
+    monkeypatch.setattr("slimcaching.system.problem.build_problem", exhausted)
+    assert main(["solve", "default", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: memory: out of memory while building the problem's rows (Unable to allocate 558 MiB")
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists(), err

@@ -374,3 +374,27 @@ def test_phases_resolve_validate_and_round_trip(tmp_path):
         with pytest.raises(ScenarioError) as exc:
             resolve_scenario(dict(data, phases=[phase]))
         assert exc.value.field == field, (field, str(exc.value))
+
+
+def test_scenario_new_writes_many_users_as_groups(tmp_path):
+    """From GROUP_USERS_FROM users on, ``scenario new`` writes identical users once with a count: the
+    same users but for their names (same classes, same latency), a file a fraction of the size."""
+    from slimcaching.algorithms import solve
+    from slimcaching.cli import main
+    from slimcaching.inputs.fileio import read_data_file
+    from slimcaching.inputs.generate import GROUP_USERS_FROM, GeneratorOptions, generate_scenario_dict
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import load_scenario
+
+    path = tmp_path / "many.yaml"
+    assert main(["scenario", "new", "--servers", "4", "--users", str(GROUP_USERS_FROM), "-o", str(path)]) == 0
+    data = read_data_file(path)
+    assert not data["users"] and sum(g["count"] for g in data["user_groups"]) == GROUP_USERS_FROM
+    assert len(data["user_groups"]) < GROUP_USERS_FROM // 10
+    grouped = build_problem(load_scenario(path))
+    listed = build_problem(resolve_scenario(generate_scenario_dict(
+        GeneratorOptions(servers=4, users=GROUP_USERS_FROM, name="many"))))
+    assert len(grouped.class_users) == len(listed.class_users)
+    for name in ("lfu", "slimcaching-fast"):
+        a, b = grouped.objective(solve(grouped, name).x), listed.objective(solve(listed, name).x)
+        assert a == pytest.approx(b, rel=1e-12), name

@@ -32,6 +32,7 @@ from slimcaching.algorithms.core.values import MAX_ZETA_CANDIDATES, value_table,
 from slimcaching.bounds.coupled import coupled_levels_bound
 from slimcaching.bounds.guarantee import paper_guarantee
 from slimcaching.bounds.levels import capacity_levels, units_down
+from slimcaching.inputs.limits import available_memory
 from slimcaching.system.capacity import how_many
 from slimcaching.system.formulation import build_formulation, solve_lp_bound
 from slimcaching.system.placement import Placement
@@ -195,18 +196,6 @@ def lp_size(problem: Problem) -> int:
     cloud = problem.cloud_cost[home, model]
     ny = sum(int(np.count_nonzero(problem.holder_cost[home, n, model] < cloud)) for n in range(ns))
     return 2 * len(rr) + len(pairs) + 4 * ny + ns * ni
-
-
-def available_memory() -> float:
-    """Bytes this process may still allocate: MemAvailable of /proc/meminfo (Linux), else inf."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("inf")
 
 
 def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incumbent: float | None = None) -> dict:

@@ -44,7 +44,7 @@ from slimcaching.cli import (
     serve,
     solve,
 )
-from slimcaching.cli.common import QUIET, acknowledge_ctrl_c, console
+from slimcaching.cli.common import QUIET, STAGE, acknowledge_ctrl_c, console
 from slimcaching.errors import ScenarioError, SolverBug, missing_extra_line
 from slimcaching.version import package_version
 
@@ -198,6 +198,12 @@ def _main(argv: list[str]) -> int:
             raise
         console.print("interrupted")
         return 130
+    except MemoryError as exc:  # numpy's "Unable to allocate ..." included: one line, never a traceback
+        stage, what = STAGE["now"] or "running", str(exc) or "MemoryError"
+        console.print(f"[red]error:[/] memory: out of memory while {escape(stage)} ({escape(what)})"
+                      "; a smaller scenario, fewer sets per layer or a machine with more memory is needed",
+                      highlight=False, soft_wrap=True)
+        return 1
     except ModuleNotFoundError as exc:
         line = missing_extra_line(exc.name or "")
         if line is None:

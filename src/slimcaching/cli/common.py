@@ -102,13 +102,21 @@ def timed_note(prefix: str = ""):
 
 @contextlib.contextmanager
 def working(text: str) -> Iterator[None]:
-    """A spinner with the seconds so far while a long call runs (on a terminal, without --quiet)."""
+    """A spinner with the seconds so far while a long call runs (on a terminal, without --quiet);
+    ``text`` is also the stage an out-of-memory error names."""
     # start-up: imported when the command runs, so that --help and the others start at once
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    before = STAGE["now"]
+    STAGE["now"] = text
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True, disable=not show_progress()) as progress:
         progress.add_task(text, total=None)
         yield
+    STAGE["now"] = before  # (not on an error: the error names the stage it happened in)
+
+
+STAGE = {"now": ""}
+"""What the command is doing now (:func:`working`): a MemoryError names it."""
 
 
 ScenarioArg = Annotated[str, typer.Argument(help="Scenario file (YAML/TOML/JSON) or 'default'.")]

@@ -92,7 +92,12 @@ def scenario_new(
         raise ScenarioError("--profile" if profile is not None else "--redundant", "goes with --ep NODESxGPUS")
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.inputs.fileio import atomic_write, check_target, data_file_text
-    from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.inputs.generate import (
+        GROUP_USERS_FROM,
+        GeneratorOptions,
+        generate_scenario_dict,
+        group_identical_users,
+    )
     from slimcaching.inputs.limits import check  # start-up
     from slimcaching.inputs.presets import resolve_preset  # start-up
     from slimcaching.system.scenario import resolve_scenario  # start-up
@@ -131,6 +136,8 @@ def scenario_new(
                             access_rtt=access_rtt, reach=reach)
     with flags(reach="--reach", top_k="--top-k"):
         data = generate_scenario_dict(opts)
+    if users >= GROUP_USERS_FROM and reach is None:
+        data = group_identical_users(data)
     sc = resolve_scenario(data)  # validate before writing anything
     warn_implausible(sc)
     atomic_write(output, data_file_text(data, output, "--output"))

@@ -85,12 +85,14 @@ def solve_cmd(
         raise ScenarioError("--bound-time-limit", "must be a positive number of seconds", bound_time_limit)
     if output is not None:
         check_target(output, "--output")
-    sc = read_scenario(scenario)
+    with working("reading the scenario"):
+        sc = read_scenario(scenario)
     warn_implausible(sc)
     given = sc
     if co_local:
         sc = co_activation_local_caches(sc)
-    problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
+    with working("building the problem's rows"):
+        problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
     limit = params.get("time_limit", spec.defaults.get("time_limit"))
     with working(f"solving with {spec.name}" + (f" (time limit {float(limit):g} s)" if limit else "")):
         placement = solve(problem, spec.name, params)
@@ -238,8 +240,7 @@ def demo(
               highlight=False, markup=False, soft_wrap=True)
     from slimcaching.bounds.guarantee import guarantee_line, paper_guarantee  # start-up
 
-    out.print(guarantee_line(paper_guarantee(problem), proof="a certificate (solve --bound)"),
-              highlight=False, markup=False, soft_wrap=True)
+    out.print(guarantee_line(paper_guarantee(problem), "a certificate (solve --bound)"), markup=False, soft_wrap=True)
     timed = sorted((r for r in rows if r[2] is not None), key=lambda r: -r[2])
     slow = [f"{n} {secs:.2f}" for n, _, secs, _ in timed if secs >= 0.05]
     quick = " (the others under 0.05)" if len(slow) < len(timed) else ""

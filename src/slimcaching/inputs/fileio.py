@@ -138,7 +138,8 @@ def data_file_text(data: dict, path: str | Path, field: str = "output") -> str:
     if suffix == ".json":
         return json.dumps(data, indent=1, allow_nan=False) + "\n"
     if suffix in (".yaml", ".yml"):
-        return yaml.safe_dump(data, sort_keys=False)
+        # libyaml's emitter when the wheel has it: the same text, ~4x faster (45 MB of users took 60 s)
+        return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
     if suffix == ".toml":
         return to_toml(data)
     raise ScenarioError(field, "scenario files end in .yaml, .yml, .json or .toml", str(path))

@@ -57,3 +57,28 @@ def check(name: str, value: int, field: str, what: str = "") -> None:
     if value > cap:
         raise ScenarioError(field, f"{what or name} of {value:,} exceeds the limit of {cap:,} "
                             f"(raise SLIMCACHING_LIMIT_{name.upper()} if this is meant)", value)
+
+
+def available_memory() -> float:
+    """Bytes this process may still allocate: MemAvailable of /proc/meminfo (Linux), and below an
+    address-space limit (``ulimit -v``) what is left of it; inf where neither is known."""
+    room = float("inf")
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    room = float(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:
+        import resource  # start-up: Unix only, and only when memory is asked about
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status") as fh:
+                used = next((float(ln.split()[1]) * 1024 for ln in fh if ln.startswith("VmSize:")), 0.0)
+            room = min(room, max(0.0, float(soft) - used))
+    except (ImportError, OSError, ValueError):
+        pass
+    return room

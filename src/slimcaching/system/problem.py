@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from slimcaching.errors import ScenarioError
+from slimcaching.inputs.limits import available_memory
 from slimcaching.inputs.profiles import group_rows
+from slimcaching.inputs.units import format_bytes
 from slimcaching.system.arith import dot, matvec
 from slimcaching.system.capacity import fits
 from slimcaching.system.latency import (
@@ -269,6 +272,47 @@ def _append_merged(rows: dict, items, home, model: int, layer, access, local, we
     rows["entry"].append(np.full(n, -1))
 
 
+# bytes per row while the problem is built: a profile's rows before merging (their expert ids, the
+# device-cache mask, the row fields and the merge keys: 17 K + 64) and every kept row (8 K + 72,
+# twice while the per-profile parts are joined). Counting every row as kept makes it an upper
+# bound: the measured peak (tracemalloc) was 56% of it on Qwen3-30B-A3B 5 x 50 and 66% on
+# OLMoE-1B-7B 5 x 50, where merging kept 60% and 74% of the rows
+def row_bytes(kmax: int) -> tuple[int, int]:
+    """(bytes per row of one profile before merging, bytes per kept row at the join)."""
+    return 17 * kmax + 64, 2 * (8 * kmax + 72)
+
+
+def estimate_rows(plan: list, kmax: int) -> dict:
+    """Rows and peak bytes ``build_problem`` is about to allocate, from its plan (entries per
+    profile and each profile's sets), before anything is allocated; the kept rows are counted as
+    if none merged (an upper bound: counts-only profiles' drawn sets seldom repeat)."""
+    per = [len(cls) * sum(len(lp.probs) for lp in prof.layers) for prof, _, _, cls, *_ in plan]
+    before, kept = row_bytes(kmax)
+    biggest = int(np.argmax(per)) if per else 0
+    prof, _, m = plan[biggest][:3] if plan else (None, None, None)
+    return {"rows": int(sum(per)), "bytes": float(sum(per) * kept + (max(per) * before if per else 0)),
+            "profiles": len(plan), "entries": int(sum(len(p[3]) for p in plan)),
+            "layers": int(m.layers) if m is not None else 0,
+            "sets": int(sum(len(lp.probs) for lp in prof.layers) / max(1, m.layers)) if m is not None else 0}
+
+
+def check_row_memory(plan: list, kmax: int, merge_rows: bool) -> None:
+    """Refuse, with one line, a problem whose rows would not fit in 80% of the memory available
+    (the rule ``--bound`` applies to its LP): an operator sees the estimate, what drives it and
+    what shrinks it, instead of the kernel's OOM killer."""
+    est = estimate_rows(plan, kmax)
+    room = available_memory()
+    if est["bytes"] <= 0.8 * room:
+        return
+    raise ScenarioError(
+        "problem", f"about {est['rows']:,} rows ({est['entries']} entries, each a population at a home with its "
+        f"device cache, over {est['profiles']} profiles; the largest profile: {est['layers']} layers x "
+        f"~{est['sets']:,} sets) need about "
+        f"{format_bytes(est['bytes'])}, more than 80% of the {format_bytes(room)} available; fewer sets shrink "
+        "it: 'profile import counts --tokens N' (counts-only profiles draw 20,000 a layer), fewer populations or "
+        "users with equal device caches", f"{est['rows']:,} rows")
+
+
 def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
     """Resolve local caches, aggregate identical users, and lay the rows out as arrays.
 
@@ -390,13 +434,11 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         by_profile.setdefault(e[4], []).append(k)
     rows: dict[str, list] = {k: [] for k in ("items", "cls", "model", "layer", "access", "local", "w", "p",
                                              "entry", "home")}
+    plan = []  # per profile: its entries (merged where their rows would be identical) and its sets
     for pname, ids in by_profile.items():
         prof = sc.profiles[pname]
         mi = midx[prof.model]
         m = models[mi]
-        p_items = np.concatenate([offset[mi] + layer * m.experts + lp.sets for layer, lp in enumerate(prof.layers)])
-        p_layer = np.concatenate([np.full(len(lp.probs), layer) for layer, lp in enumerate(prof.layers)])
-        p_prob = np.concatenate([lp.probs for lp in prof.layers])
         cls = np.array([entries[k][0] for k in ids])
         ew = np.array([entries[k][2] for k in ids])
         eshare = np.array([entries[k][3] for k in ids])
@@ -408,6 +450,12 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
             _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
             ew = np.bincount(inv.ravel(), weights=ew, minlength=len(first))
             cls, eshare, ids = cls[first], np.full(len(first), np.nan), np.full(len(first), -1)
+        plan.append((prof, mi, m, cls, ew, eshare, ids))
+    check_row_memory(plan, kmax, merge_rows)
+    for prof, mi, m, cls, ew, eshare, ids in plan:
+        p_items = np.concatenate([offset[mi] + layer * m.experts + lp.sets for layer, lp in enumerate(prof.layers)])
+        p_layer = np.concatenate([np.full(len(lp.probs), layer) for layer, lp in enumerate(prof.layers)])
+        p_prob = np.concatenate([lp.probs for lp in prof.layers])
         loc = class_local[cls[:, None, None], p_items[None, :, :]]  # [entries, sets, K]
         rem = np.where(loc, ni, p_items[None, :, :])
         if m.top_k < kmax:
@@ -429,11 +477,11 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         rows["p"].append((eshare[:, None] * p_prob[None, :]).ravel())
         rows["entry"].append(np.repeat(ids, ns))
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
-    row_items = cat["items"].astype(np.int64).reshape(-1, kmax)
-    row_class = cat["cls"].astype(np.int64)
+    row_items = cat["items"].astype(np.int64, copy=False).reshape(-1, kmax)  # (no copy: rows are the memory)
+    row_class = cat["cls"].astype(np.int64, copy=False)
     dense_term = float((class_model_weight * class_dense).sum())
     if merge_rows:
-        row_home = cat["home"].astype(np.int64)
+        row_home = cat["home"].astype(np.int64, copy=False)
         row_class = np.full(len(row_class), -1, np.int64)
     else:
         row_home = class_home[row_class]
@@ -445,10 +493,10 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         class_home=class_home, class_users=class_users, class_rate=class_rate, class_access=class_access,
         class_local_exec=class_local_exec, class_dense=class_dense, class_model_weight=class_model_weight,
         class_local=class_local[:, :ni],
-        row_items=row_items, row_class=row_class, row_model=cat["model"].astype(np.int64),
-        row_layer=cat["layer"].astype(np.int64), row_home=row_home,
+        row_items=row_items, row_class=row_class, row_model=cat["model"].astype(np.int64, copy=False),
+        row_layer=cat["layer"].astype(np.int64, copy=False), row_home=row_home,
         row_access=cat["access"], row_local=cat["local"], row_weight=cat["w"], row_prob=cat["p"],
-        row_entry=cat["entry"].astype(np.int64),
+        row_entry=cat["entry"].astype(np.int64, copy=False),
         entry_class=np.array([e[0] for e in entries], np.int64),
         entry_model=np.array([e[1] for e in entries], np.int64),
         entry_weight=np.array([e[2] for e in entries], float),

@@ -7,6 +7,7 @@ before anything is materialised) and returns a :class:`~slimcaching.system.scena
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -132,8 +133,11 @@ def resolve_scenario(data: dict, base_dir: Path | None = None) -> Scenario:
         if not homes:
             col.errors.append(ScenarioError(f"user_groups[{gi}].homes", "no server to home users at"))
             continue
-        for k in range(g.count):
-            users.append(_make_user(f"{g.prefix}{k}", homes[k % len(homes)], g, f"user_groups[{gi}]"))
+        # one resolved user, copied: the group's users share its (never mutated) workload list, which
+        # makes a metro scenario's 100,000 users a second faster
+        template = _make_user(f"{g.prefix}0", homes[0], g, f"user_groups[{gi}]")
+        users.extend(dataclasses.replace(template, name=f"{g.prefix}{k}", home=homes[k % len(homes)])
+                     for k in range(g.count))
     col.run(_unique, [u.name for u in users], "users")
     if not users:
         col.errors.append(ScenarioError("users", "a scenario needs at least one user (users or user_groups)"))
