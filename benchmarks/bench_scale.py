@@ -11,6 +11,7 @@ Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcachin
          (top-2 of 8, top-4 of 16, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model
          per user, with the fitted exponent of solve time per MoE layer in E over the top-8 ones
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
+     python benchmarks/bench_scale.py --populations 20000,2000   # 12 counts-only populations (memory)
      python benchmarks/bench_scale.py --routing measured --models olmoe-1b-7b --models-per-user 1
          # every synthetic profile replaced by routing measured with `slimcaching profile` (see
          # measured_profile: no model hub here, so a random-weight model of the preset's shape)
@@ -96,6 +97,93 @@ def one(size: str, algo: str, models: str = "", models_per_user: int = 2, routin
             "value_tables": pl.params.get("value_tables")}
 
 
+def populations_scenario(tokens: int, populations: int = 12, servers: int = 10, users: int = 120,
+                         model: str = "qwen3-30b-a3b") -> Path:
+    """The operator's input of the memory issue: ``populations`` user populations, each a
+    ``profile import counts`` of its own per-layer expert counts, on ``servers`` x ``users``.
+    The counts are generated here (no dataset downloads): per layer a Zipf(1.1) load over the
+    experts in a population-specific permutation (one permutation per population and layer, seeded),
+    scaled to 100,000 tokens x top-K; ``tokens`` is what each counts-only layer draws."""
+    from slimcaching.cli import main as cli
+    from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+    from slimcaching.inputs.presets import resolve_preset
+
+    arch = resolve_preset(model)
+    layers, experts, k = arch["layers"], arch["experts"], arch["top_k"]
+    folder = CACHE / f"populations-{model}-{populations}-{tokens}"
+    folder.mkdir(parents=True, exist_ok=True)
+    zipf = 1.0 / np.arange(1, experts + 1) ** 1.1
+    names = []
+    for p in range(populations):
+        prof = folder / f"pop{p}.json"
+        if not prof.exists():
+            rng = np.random.default_rng([p, 2025])
+            counts = np.stack([np.round(zipf[rng.permutation(experts)] / zipf.sum() * 100_000 * k)
+                               for _ in range(layers)]).astype(np.int64)
+            np.save(folder / f"pop{p}.npy", counts)
+            code = cli(["-q", "profile", "import", "counts", str(folder / f"pop{p}.npy"), "-o", str(prof),
+                        "--model", model, "--top-k", str(k), "--tokens", str(tokens), "--seed", str(p)])
+            if code != 0:
+                raise SystemExit(f"profile import counts failed ({code})")
+        names.append(prof)
+    data = generate_scenario_dict(GeneratorOptions(servers=servers, users=users, models=(model,), models_per_user=1,
+                                                   name=folder.name))
+    data["profiles"] = {f"pop{p}": {"file": str(f)} for p, f in enumerate(names)}
+    for i, user in enumerate(data["users"]):
+        user["workload"] = [{"model": model, "weight": 1.0, "profile": f"pop{i % populations}"}]
+    path = folder / "scenario.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def one_populations(tokens: int, algo: str) -> dict:
+    """One algorithm on :func:`populations_scenario`, in this process: build, solve, peak RSS,
+    or the one-line refusal when the rows would not fit."""
+    from slimcaching.algorithms import solve
+    from slimcaching.errors import ScenarioError
+    from slimcaching.evaluation.breakdown import placement_latency
+    from slimcaching.system.problem import build_problem
+    from slimcaching.system.scenario import load_scenario
+
+    path = populations_scenario(tokens)
+    t0 = time.perf_counter()
+    sc = load_scenario(path)
+    try:
+        problem = build_problem(sc, merge_rows=True)
+    except ScenarioError as exc:
+        return {"tokens": tokens, "algorithm": algo, "refused": str(exc), "build_s": time.perf_counter() - t0,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    problem.compact()
+    build = time.perf_counter() - t0
+    pl = solve(problem, algo)
+    return {"tokens": tokens, "algorithm": algo, "rows": int(len(problem.compact().row_weight)),
+            "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": build, "solve_s": pl.solve_seconds,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def populations(tokens_list: list[int], algos: list[str]) -> list[dict]:
+    """Each (tokens, algorithm) of the populations case in a fresh process."""
+    rows = []
+    for tokens in tokens_list:
+        for algo in algos:
+            res = subprocess.run([sys.executable, __file__, "--one-populations", str(tokens), algo],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                print(f"populations tokens={tokens} {algo} failed ({res.returncode}):\n{res.stderr[-1500:]}",
+                      flush=True)
+                continue
+            row = json.loads(res.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            if "refused" in row:
+                print(f"populations tokens={tokens:6d} {algo:12s} refused after {row['build_s']:.1f} s "
+                      f"(peak {row['peak_rss_mb']:.0f} MB): {row['refused']}", flush=True)
+            else:
+                print(f"populations tokens={tokens:6d} {algo:12s} {row['latency_ms']:10.3f} ms  "
+                      f"rows {row['rows']:>10,d}  build {row['build_s']:6.1f} s  solve {row['solve_s']:7.1f} s  "
+                      f"peak {row['peak_rss_mb']:7.0f} MB", flush=True)
+    return rows
+
+
 def cli_time(repeats: int = 3) -> dict:
     import tempfile
     from pathlib import Path
@@ -122,7 +210,18 @@ def main() -> None:
                     help="synthetic profiles, or routing measured by `slimcaching profile` (see measured_profile)")
     ap.add_argument("--one", nargs=5, metavar=("SIZE", "ALGO", "MODELS", "PER_USER", "ROUTING"), help=argparse.SUPPRESS)
     ap.add_argument("--cli", action="store_true")
+    ap.add_argument("--populations", metavar="TOKENS", help="the populations case (12 counts-only populations of "
+                    "Qwen3-30B-A3B, 10 x 120) at these comma-separated draws per layer, e.g. 20000,2000")
+    ap.add_argument("--one-populations", nargs=2, metavar=("TOKENS", "ALGO"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_populations:
+        print(json.dumps(one_populations(int(args.one_populations[0]), args.one_populations[1])))
+        return
+    if args.populations:
+        algos = args.algos.split(",") if args.algos != ap.get_default("algos") else ["lfu", "greedy", "eplb",
+                                                                                      "slimcaching"]
+        write_results(args.json, populations([int(t) for t in args.populations.split(",")], algos), {})
+        return
     if args.one:
         size, algo, models, per_user, routing = args.one
         print(json.dumps(one(size, algo, "" if models == "-" else models, int(per_user), routing)))

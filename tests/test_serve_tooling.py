@@ -462,3 +462,87 @@ def test_device_pool_serves_as_the_threads_do(tmp_path, model_dir, reference):
                 http.stop()
             pool.close()
         assert not any(p.is_alive() for p in pool.procs)
+
+
+@pytest.mark.timeout(240)
+def test_a_low_file_limit_and_400_half_open_connections_log_no_storm(tmp_path, model_dir):
+    """``serve`` under RLIMIT_NOFILE=256 with 400 connections that send half their headers: its
+    backlog and connection cap come from the limit (the kept descriptors cover the backlog), so
+    accepts do not fail by the thousand; one that fails anyway is a counted line, never a
+    traceback; a keyed request is answered within 3 s. A limit too low to serve is one line."""
+    import resource
+
+    sc = write_scenario(tmp_path / "sc.yaml", scenario_dict(model_dir, capacity="20 kB", cache="4 kB"))
+    pl = solve(sc, "slimcaching", tmp_path / "pl.json")
+    args = [sys.executable, "-m", "slimcaching.cli", "serve", str(sc), str(pl), "--model", str(model_dir), "--port",
+            "0", "--no-emulate", "--api-key", "k3y", "--device-workers", "0"]
+
+    def limit(n):
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    low = subprocess.run(args, preexec_fn=limit(100), capture_output=True, text=True, timeout=120)
+    assert low.returncode == 2 and low.stderr.startswith("error: RLIMIT_NOFILE: 100 open files is too few to serve")
+    assert low.stderr.count("\n") == 1, low.stderr
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit(256),
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    socks = []
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving on http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
+        url = line.split()[-1]
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(400):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks.append(s)
+        time.sleep(0.5)
+        for s in socks:
+            try:
+                s.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")  # and never more
+            except OSError:
+                pass
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
+        t0 = time.time()
+        r = client.completions.create(model="tiny", prompt="w1", max_tokens=2, timeout=10)
+        took = time.time() - t0
+        assert r.usage.completion_tokens == 2 and took < 3.0, took
+        time.sleep(2.0)
+    finally:
+        for s in socks:
+            s.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    err = proc.stderr.read()
+    assert "Traceback" not in err and "out of system resource" not in err, err[-3000:]
+    assert len([ln for ln in err.splitlines() if "refused" in ln or "accept" in ln]) <= 10, err[-3000:]
+
+
+def test_a_metrics_flood_asks_each_node_at_most_once_a_second(slim):
+    """200 concurrent unauthenticated /metrics calls share renderings, and their nodes' part is the
+    states /health read at most once a second: no fan-out to the nodes per scrape."""
+    asked = {}
+    originals = {}
+    for name, server in slim.servers.items():
+        originals[name] = server.status
+
+        def counted(name=name):
+            asked[name] = asked.get(name, 0) + 1
+            return originals[name]()
+
+        server.status = counted
+    try:
+        t0 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            codes = list(pool.map(lambda _: slim.raw("/metrics")[0], range(200)))
+        took = time.time() - t0
+        assert codes == [200] * 200
+        assert asked and max(asked.values()) <= math.ceil(took) + 1, (asked, took)
+        assert "slimcaching_node_up" in slim.raw("/metrics")[1]  # the nodes' part is still there
+    finally:
+        for name, server in slim.servers.items():
+            server.status = originals[name]

@@ -89,7 +89,11 @@ class ServeMetrics:
         if devices is not None:
             Gauge(p + "devices_loaded", "User devices loaded in the server", registry=r).set_function(devices)
         if node_status is not None:
-            r.register(NodeCollector(node_status))
+            self.watch_nodes(node_status)
+
+    def watch_nodes(self, node_status) -> None:
+        """Report the nodes' states that ``node_status()`` gives at each scrape."""
+        self.registry.register(NodeCollector(node_status))
 
     def request_done(self, user: str, info: dict) -> None:
         self.finished.labels(self.model, info["finish_reason"]).inc()

@@ -11,8 +11,10 @@ started.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -93,15 +95,17 @@ def build_api(engine, ctx, *, metrics=True, node_status=None, api_key=None, log=
 
     cfg = AutoConfig.from_pretrained(str(ctx.model_dir))
     cfg = getattr(cfg, "text_config", None) or cfg
-    m = ServeMetrics(node_status=node_status, devices=engine.loaded_devices, counts=engine.counts,
-                     model=ctx.layout.model) if metrics else None
+    m = ServeMetrics(devices=engine.loaded_devices, counts=engine.counts, model=ctx.layout.model) if metrics else None
     if m is not None:
         engine.metrics = m
     users = [u for u in ctx.scenario.users if u.name in ctx.layout.homes]  # those of the served model
     assigner = Assigner([u.name for u in users], [u.rate for u in users], assign, load=engine.load)
-    return API(engine, AutoTokenizer.from_pretrained(str(ctx.model_dir)), model_name=ctx.layout.model,
-               context=ctx.layout.context, vocab=int(cfg.vocab_size), metrics=m, node_status=node_status,
-               api_key=api_key, log=log, assigner=assigner)
+    api = API(engine, AutoTokenizer.from_pretrained(str(ctx.model_dir)), model_name=ctx.layout.model,
+              context=ctx.layout.context, vocab=int(cfg.vocab_size), metrics=m, node_status=node_status,
+              api_key=api_key, log=log, assigner=assigner)
+    if m is not None and node_status is not None:  # the nodes as /health last read them: a scrape asks no node
+        m.watch_nodes(api.cached_node_states)
+    return api
 
 
 class HTTPServer:
@@ -119,15 +123,19 @@ class HTTPServer:
 
         self.sock = sock
         self.port = sock.getsockname()[1]
+        cap, backlog, limit = http_guard.front_door()
         guard = http_guard.guarded_h11(
             http_guard.DEFAULT_HEADER_TIMEOUT_S if header_timeout_s is None else header_timeout_s,
-            max_connections, http_guard.DEFAULT_PER_ADDRESS if per_address is None else per_address)
+            cap if max_connections is None else max_connections,
+            http_guard.DEFAULT_PER_ADDRESS if per_address is None else per_address)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=guard,
-                                timeout_graceful_shutdown=grace_s)
+                                timeout_graceful_shutdown=grace_s, backlog=backlog, loop="asyncio")
+        refused = http_guard.accept_failures_logged(limit, logging.getLogger("uvicorn.error").warning)
         outer = self
 
         class _Server(uvicorn.Server):
             async def startup(self, sockets=None):
+                asyncio.get_running_loop().set_exception_handler(refused)
                 await super().startup(sockets)
                 if self.started and ready is not None:
                     ready(outer.port)
@@ -186,6 +194,9 @@ def serve(opts: ServeOptions, ready=None, progress=None) -> None:
                             "--insecure on a network you trust)", opts.host)
     if opts.launcher not in ("local", "ray"):
         raise ScenarioError("launcher", "expected local or ray", opts.launcher)
+    from slimcaching.runtime.serving.http.guard import front_door  # optional extra (serve: uvicorn)
+
+    front_door()  # an open-file limit too low to serve fails before any node starts (and is raised for them)
     sock = bind_http(opts.host, opts.port)  # a taken port fails before any node starts
     if threading.current_thread() is threading.main_thread():
         # SIGTERM as Ctrl-C: uvicorn shuts down gracefully, then re-raises it into this handler,

@@ -85,6 +85,7 @@ class API:
         self.body_timeout_s, self.health_every_s = body_timeout_s, health_every_s
         self._health: tuple[float, dict] | None = None
         self._health_lock = asyncio.Lock()
+        self._metrics_render: asyncio.Future | None = None  # the scrape in flight, shared by those that come
 
     def app(self) -> Starlette:
         routes = [Route("/v1/completions", self.completions, methods=["POST"]),
@@ -237,10 +238,29 @@ class API:
                              "devices_loaded": self.engine.loaded_devices()},
                             status_code=503 if status == "down" else 200)
 
+    def cached_node_states(self) -> dict:
+        """The nodes' states as last read for ``/health`` or ``/metrics`` (no call to the nodes)."""
+        return dict(self._health[1]) if self._health is not None else {}
+
+    async def _metrics_snapshot(self) -> tuple[bytes, str]:
+        """One rendering of the metrics shared by every scrape that arrives while it runs, the nodes'
+        part from the states read at most every ``health_every_s`` (shared with ``/health``): a
+        flood of unauthenticated scrapes costs one rendering at a time and never fans out to the nodes."""
+        if self._metrics_render is None:
+            async def render() -> tuple[bytes, str]:
+                try:
+                    await self._node_states()
+                    return await asyncio.to_thread(self.metrics.render)
+                finally:
+                    self._metrics_render = None
+
+            self._metrics_render = asyncio.ensure_future(render())
+        return await asyncio.shield(self._metrics_render)
+
     async def metrics_endpoint(self, request: Request) -> Response:
         if self.metrics is None:
             return self._error(request, APIError(404, "metrics are off", code="not_found"))
-        body, ctype = await asyncio.to_thread(self.metrics.render)
+        body, ctype = await self._metrics_snapshot()
         self._count(request, 200)
         return Response(body, media_type=ctype)
 

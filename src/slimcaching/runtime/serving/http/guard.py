@@ -16,13 +16,25 @@ from __future__ import annotations
 import resource
 import time
 
+from slimcaching.errors import ScenarioError
+
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_PER_ADDRESS = 256
 
 
-def open_file_budget(reserve: int = 128) -> int:
-    """Connections the process can hold: its file limit (raised to the hard limit where allowed)
-    less ``reserve`` for models, sockets to the nodes and logs."""
+RESERVE = 128  # descriptors kept for models, sockets to the nodes, device workers and logs
+MIN_CONNECTIONS = 32  # below this many client connections, serving is not worth starting
+
+
+def front_door(reserve: int = RESERVE) -> tuple[int, int, int]:
+    """(connection cap, accept backlog, file limit) from ``RLIMIT_NOFILE`` (its soft limit raised to
+    the hard one where allowed).
+
+    asyncio accepts up to ``backlog`` connections in one go before any of them reaches the guard,
+    so the descriptors kept free must cover the backlog as well as ``reserve``; otherwise accepts
+    fail with EMFILE (uvicorn's default backlog of 2,048 under a limit of 256 logged thousands of
+    tracebacks). The backlog is an eighth of the limit, 16 to 2,048. A limit that leaves fewer than
+    :data:`MIN_CONNECTIONS` connections is a :class:`ScenarioError` naming it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
     if soft != resource.RLIM_INFINITY and soft < want:
@@ -31,8 +43,44 @@ def open_file_budget(reserve: int = 128) -> int:
             soft = want
         except (ValueError, OSError):
             pass
-    soft = 65536 if soft == resource.RLIM_INFINITY else soft
-    return max(16, min(10000, soft - reserve))
+    soft = 65536 if soft == resource.RLIM_INFINITY else int(soft)
+    backlog = max(16, min(2048, soft // 8))
+    cap = min(10000, soft - reserve - backlog)
+    if cap < MIN_CONNECTIONS:
+        raise ScenarioError("RLIMIT_NOFILE", f"{soft} open files is too few to serve: it needs at least "
+                            f"{reserve + 16 + MIN_CONNECTIONS} ({reserve} for the nodes and models, an accept "
+                            f"backlog and {MIN_CONNECTIONS} connections); raise it with 'ulimit -n 4096'", soft)
+    return cap, backlog, soft
+
+
+def open_file_budget(reserve: int = RESERVE) -> int:
+    """Connections the process can hold (see :func:`front_door`)."""
+    return front_door(reserve)[0]
+
+
+ACCEPT_FAILURE = "socket.accept() out of system resource"
+
+
+def accept_failures_logged(limit: int, log, every_s: float = 10.0):
+    """An event-loop exception handler that turns asyncio's failed accepts (a traceback each, when
+    the process is out of descriptors) into one line per ``every_s`` with their count; anything
+    else goes to the loop's default handler."""
+    state = {"count": 0, "said": -float("inf")}
+
+    def handler(loop, context) -> None:
+        if not str(context.get("message", "")).startswith(ACCEPT_FAILURE):
+            loop.default_exception_handler(context)
+            return
+        state["count"] += 1
+        now = time.monotonic()
+        if now - state["said"] >= every_s:
+            exc = context.get("exception")
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            log(f"refused {state['count']} connection(s) since the last such line: {why} (open-file limit "
+                f"{limit}); new connections wait for the guard to close idle ones")
+            state["count"], state["said"] = 0, now
+
+    return handler
 
 
 def guarded_h11(header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, max_connections: int | None = None,
