@@ -103,7 +103,7 @@ def test_cli_bound_and_exact_time_limit(tmp_path):
     data = json.loads(out.read_text())
     assert data["lower_bound_s"] <= data["mean_token_latency_s"]
     assert data["gap"] == pytest.approx(gap(data["mean_token_latency_s"], data["lower_bound_s"]))
-    assert data["bound_method"].startswith("LP relaxation")
+    assert data["bound_method"].startswith(("LP relaxation", "MILP branch and bound"))  # (greedy: never optimal here)
     assert "of optimal" in " ".join(res.output.split())
     g = data["guarantee"]  # the paper's guarantee beside the certificate, in the file and on screen
     assert 0 <= g["kappa_lower"] <= g["kappa"] <= 1 and g["applies"] is False  # greedy: not its guarantee
@@ -373,3 +373,21 @@ def test_successive_decomposition_keeps_the_guaranteed_share(seed):
     opt = brute_force(problem)
     got = problem.objective(solve(problem, "slimcaching").x)
     assert base - got >= g["ratio"] * (base - opt) - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_branch_and_bound_warm_started_with_the_placement_is_a_valid_stronger_bound(seed):
+    """With the placement to warm-start from and time left after the LP, HiGHS's branch and bound
+    runs and its proven bound counts: never above brute force's optimum, at least the others."""
+    from slimcaching.bounds.certificate import MILP
+
+    problem = build_problem(resolve_scenario(tiny_scenario_dict(seed, servers=2, users=3, experts=4, top_k=2)))
+    x = solve(problem, "greedy").x  # a placement that need not be optimal
+    latency = problem.objective(x)
+    plain = lower_bound(problem, time_limit=30, incumbent=latency)
+    warm = lower_bound(problem, time_limit=30, incumbent=latency, warm=x)
+    opt = brute_force(problem)
+    assert warm["lower_bound_s"] <= opt * (1 + 1e-9) + 1e-15
+    assert warm["lower_bound_s"] >= plain["lower_bound_s"] - 1e-15
+    if plain["lower_bound_s"] < latency * (1 - 1e-6):
+        assert MILP in warm["bounds_s"] and warm["bounds_s"][MILP] == pytest.approx(opt, rel=1e-6), warm

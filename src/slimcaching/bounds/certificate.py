@@ -34,7 +34,7 @@ from slimcaching.bounds.guarantee import paper_guarantee
 from slimcaching.bounds.levels import capacity_levels, units_down
 from slimcaching.inputs.limits import available_memory
 from slimcaching.system.capacity import how_many
-from slimcaching.system.formulation import build_formulation, solve_lp_bound
+from slimcaching.system.formulation import build_formulation, solve_lp_bound, solve_milp
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
 
@@ -182,6 +182,9 @@ LP_BYTES_PER_NONZERO = 1000.0
 COUPLED = "capacity levels priced against the servers' contents (Lagrangian)"
 LEVELS = "capacity levels around each home (single-server relaxations)"
 LP = "LP relaxation (HiGHS interior point, weak-duality bound from its duals)"
+MILP = "MILP branch and bound (HiGHS, warm-started with the placement)"
+# branch and bound runs where its root LP (predicted as the LP's) fits this many times in the time left
+MILP_ROOTS = 3.0
 STORAGE = "unlimited edge storage"
 
 
@@ -198,14 +201,17 @@ def lp_size(problem: Problem) -> int:
     return 2 * len(rr) + len(pairs) + 4 * ny + ns * ni
 
 
-def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incumbent: float | None = None) -> dict:
+def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incumbent: float | None = None,
+                warm: np.ndarray | None = None) -> dict:
     """``{"lower_bound_s", "bound_method", "bound_seconds", "lp_status", "bounds_s", "skipped"}``
     for ``problem``: the largest of the bounds computed (``bounds_s`` has each one).
 
     Stages, all within ``time_limit`` seconds: the unlimited-storage bound (instant); the capacity
     levels priced against the servers' contents (:func:`slimcaching.bounds.coupled.coupled_levels_bound`,
     whose first step is the capacity-levels bound); the LP relaxation when its predicted time and
-    memory (:func:`lp_size`) fit in what is left, else skipped with the reason in ``skipped``.
+    memory (:func:`lp_size`) fit in what is left, else skipped with the reason in ``skipped``; then,
+    given ``warm`` (the placement, [N, I] bool) and time for :data:`MILP_ROOTS` root LPs, HiGHS's
+    branch and bound warm-started with it, whose proven dual bound counts as one more bound.
     ``incumbent``, a placement's latency, guides the Lagrangian steps and ends them once proven
     optimal. ``progress(stage, best_bound_s)``, if given, is called at each stage, each improvement
     and about once a second while HiGHS works.
@@ -272,6 +278,12 @@ def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incum
             if r.status != "optimal":
                 skipped.append(f"LP relaxation: not solved ({r.status}) within the time limit; "
                                "its duals so far give the bound listed")
+            if warm is not None and r.status == "optimal" and (incumbent is None or best() < incumbent * (1 - 1e-9)) \
+                    and left() > MILP_ROOTS * max(lp_seconds, r.seconds) + 2.0:
+                say(MILP, best())
+                m = solve_milp(f, left(), 1e-9, f.solution(warm), tick=lambda: say(MILP, best()))
+                if m.dual_bound is not None:
+                    found[MILP] = f.to_seconds(m.dual_bound) * (1 - SAFETY)
     method = max(found, key=found.get)
     return {"lower_bound_s": best(), "bound_method": method, "lp_status": status, "bounds_s": found,
             "bound_seconds": time.perf_counter() - t0, "skipped": skipped}
@@ -287,7 +299,8 @@ def certify(problem: Problem, placement: Placement, latency: float, time_limit: 
     ``gap``, ``bound_method`` and ``bound_seconds`` in its ``info``, and return the summary's tail.
 
     ``exact``'s own MILP bound is used when it is stronger; the bound never exceeds ``latency``."""
-    cert = lower_bound(problem, time_limit, progress, incumbent=latency)
+    warm = placement.x if placement.latency_model == "slimcaching" and placement.dense is None else None
+    cert = lower_bound(problem, time_limit, progress, incumbent=latency, warm=warm)
     lb = cert["lower_bound_s"]
     own = placement.info.get("bound_s") if placement.info.get("status") else None
     if own is not None and own > lb:  # exact's own MILP bound is stronger

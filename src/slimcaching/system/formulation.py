@@ -343,9 +343,11 @@ def solve_lp_bound(f: Formulation, time_limit: float = 600.0, tick=None) -> High
                        time.perf_counter() - t0)
 
 
-def solve_milp(f: Formulation, time_limit: float, mip_rel_gap: float, warm: np.ndarray | None) -> HighsResult:
+def solve_milp(f: Formulation, time_limit: float, mip_rel_gap: float, warm: np.ndarray | None,
+               tick=None) -> HighsResult:
     """The MILP by HiGHS branch and bound (root LP by interior point), warm-started with ``warm``
-    (a placement's complete solution) so that there is always an incumbent."""
+    (a placement's complete solution) so that there is always an incumbent; ``tick()`` about once
+    a second while it runs."""
 
     t0 = time.perf_counter()
     h = _highs(f, True, time_limit, {"mip_rel_gap": float(mip_rel_gap), "mip_lp_solver": "ipm"})
@@ -356,7 +358,7 @@ def solve_milp(f: Formulation, time_limit: float, mip_rel_gap: float, warm: np.n
         sol.col_value = list(warm)
         sol.value_valid = True
         h.setSolution(sol)
-    _run(h)
+    _run(h, tick)
     status = _status(h)
     info = h.getInfo()
     sol = h.getSolution()
