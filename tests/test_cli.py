@@ -255,8 +255,11 @@ def test_exact_at_its_time_limit_writes_its_best_placement_and_gap(tmp_path, cap
     assert code == 0 and "Traceback" not in err, err
     data = json.loads(out.read_text())
     assert data["status"] == "time_limit" and data["optimal"] is False, (data["status"], err)
-    assert 0 <= data["gap"] < 1 and data["objective_s"] <= data["warm_start_s"] + 1e-12
-    assert "time limit of 2 s reached" in err and "gap" in err, err
+    assert data["objective_s"] <= data["warm_start_s"] + 1e-12 and "time limit of 2 s reached" in err, err
+    if "gap" in data:  # HiGHS had a bound when it stopped: written and said
+        assert 0 <= data["gap"] < 1 and "gap" in err, err
+    else:  # on a loaded machine its root LP may not end in 2 s (seen in a clean CI run): said so
+        assert "bound_s" not in data and "no lower bound yet" in err, err
 
 
 def test_scenario_new_for_one_model_and_misspelt_presets(tmp_path, capsys):

@@ -227,3 +227,24 @@ def test_figure_styles_are_colour_blind_safe_and_distinct():
     assert a["linestyle"] != b["linestyle"] and b["markerfacecolor"] == "white" and b["markersize"] < a["markersize"]
     assert text_color(YELLOW) == "black" and text_color(BLUE) == "white" and text_color(GREY) == "black"
     assert text_color((0.267, 0.005, 0.329)) == "white" and text_color((0.993, 0.906, 0.144)) == "black"  # viridis
+
+
+def test_a_results_file_written_before_the_kappa_column_still_resumes(tmp_path):
+    """Rows of a CSV written before ``kappa`` existed are whole (not run again on --resume); a row
+    that lacks an older column is not."""
+    import csv
+
+    from slimcaching.experiments.runner import COLUMNS, _complete_rows
+
+    old = [c for c in COLUMNS if c != "kappa"]
+    path = tmp_path / "peers.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=old)
+        w.writeheader()
+        w.writerow({c: ("1" if c in ("seed", "latency_ms") else "peers") for c in old})
+    assert len(_complete_rows(path)) == 1
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[c for c in old if c != "bound_ms"])
+        w.writeheader()
+        w.writerow({c: ("1" if c in ("seed", "latency_ms") else "peers") for c in old if c != "bound_ms"})
+    assert _complete_rows(path) == []

@@ -44,6 +44,9 @@ COLUMNS = ["experiment", "point", "x", "seed", "algorithm", "latency_ms", "reduc
            "access_kb", "backhaul_kb", "share_all_local", "share_edge_only", "share_needs_cloud", "status", "error",
            "bound_ms", "kappa"]
 
+# columns added after files were written without them: a row that lacks one is still whole
+LATER_COLUMNS = {"kappa"}
+
 SCENARIO_OPTIONS = {"capacity", "local_experts", "uplink"}
 
 
@@ -246,7 +249,8 @@ def _complete_rows(path: Path) -> list[dict]:
     rows = []
     try:
         for r in csv.DictReader(io.StringIO(read_text(path, "--resume"), newline="")):
-            if None in r or any(r.get(c) is None for c in COLUMNS) or r.get("experiment") is None:
+            if None in r or any(r.get(c) is None for c in COLUMNS if c not in LATER_COLUMNS) \
+                    or r.get("experiment") is None:
                 continue
             try:
                 int(r["seed"])

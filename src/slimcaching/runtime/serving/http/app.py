@@ -64,6 +64,25 @@ from slimcaching.runtime.serving.http.schemas import (
 )
 
 
+class Shared:
+    """An async call with at most one run in flight, whose result every caller that arrives
+    while it runs shares (a flood of unauthenticated scrapes costs one rendering at a time)."""
+
+    def __init__(self, make):
+        self.make, self.running = make, None
+
+    async def __call__(self):
+        if self.running is None:
+            async def run():
+                try:
+                    return await self.make()
+                finally:
+                    self.running = None
+
+            self.running = asyncio.ensure_future(run())
+        return await asyncio.shield(self.running)
+
+
 class API:
     """The endpoints over an :class:`~slimcaching.runtime.serving.engine.Engine`; ``assigner`` picks the
     user of a request that names none (:mod:`slimcaching.runtime.serving.assign`)."""
@@ -85,7 +104,8 @@ class API:
         self.body_timeout_s, self.health_every_s = body_timeout_s, health_every_s
         self._health: tuple[float, dict] | None = None
         self._health_lock = asyncio.Lock()
-        self._metrics_render: asyncio.Future | None = None  # the scrape in flight, shared by those that come
+        # one rendering for every scrape that comes while it runs: a flood costs one at a time
+        self._metrics_snapshot = Shared(self._render_metrics)
 
     def app(self) -> Starlette:
         routes = [Route("/v1/completions", self.completions, methods=["POST"]),
@@ -242,20 +262,9 @@ class API:
         """The nodes' states as last read for ``/health`` or ``/metrics`` (no call to the nodes)."""
         return dict(self._health[1]) if self._health is not None else {}
 
-    async def _metrics_snapshot(self) -> tuple[bytes, str]:
-        """One rendering of the metrics shared by every scrape that arrives while it runs, the nodes'
-        part from the states read at most every ``health_every_s`` (shared with ``/health``): a
-        flood of unauthenticated scrapes costs one rendering at a time and never fans out to the nodes."""
-        if self._metrics_render is None:
-            async def render() -> tuple[bytes, str]:
-                try:
-                    await self._node_states()
-                    return await asyncio.to_thread(self.metrics.render)
-                finally:
-                    self._metrics_render = None
-
-            self._metrics_render = asyncio.ensure_future(render())
-        return await asyncio.shield(self._metrics_render)
+    async def _render_metrics(self) -> tuple[bytes, str]:
+        await self._node_states()  # the nodes' part: as /health read them, at most every health_every_s
+        return await asyncio.to_thread(self.metrics.render)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if self.metrics is None:
