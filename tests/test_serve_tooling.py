@@ -465,7 +465,7 @@ def test_device_pool_serves_as_the_threads_do(tmp_path, model_dir, reference):
 
 
 @pytest.mark.timeout(240)
-def test_a_low_file_limit_and_400_half_open_connections_log_no_storm(tmp_path, model_dir):
+def test_a_low_file_limit_and_400_half_open_connections_log_no_storm(tmp_path, model_dir, capsys):
     """``serve`` under RLIMIT_NOFILE=256 with 400 connections that send half their headers: its
     backlog and connection cap come from the limit (the kept descriptors cover the backlog), so
     accepts do not fail by the thousand; one that fails anyway is a counted line, never a
@@ -480,9 +480,15 @@ def test_a_low_file_limit_and_400_half_open_connections_log_no_storm(tmp_path, m
     def limit(n):
         return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
-    low = subprocess.run(args, preexec_fn=limit(100), capture_output=True, text=True, timeout=120)
-    assert low.returncode == 2 and low.stderr.startswith("error: RLIMIT_NOFILE: 100 open files is too few to serve")
-    assert low.stderr.count("\n") == 1, low.stderr
+    from slimcaching.cli import main
+    from slimcaching.runtime.serving.http import guard
+
+    capsys.readouterr()  # (the solve's lines)
+    with pytest.MonkeyPatch.context() as mp:  # a limit of 100 (soft and hard), refused before any node starts
+        mp.setattr(guard.resource, "getrlimit", lambda which: (100, 100))
+        assert main(args[3:]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: RLIMIT_NOFILE: 100 open files is too few to serve") and err.count("\n") == 1, err
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit(256),
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     socks = []
