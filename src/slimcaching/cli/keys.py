@@ -60,6 +60,18 @@ def _nodes(cluster: Path, node: str | None):
     return {n: a for n, a in addrs.items() if node in (None, n)}, keyring
 
 
+def _each(ask, addrs: dict, names) -> dict:
+    """``ask(name, address)`` for every named node at once, in the file's order: a node that does
+    not answer costs its timeout once, not once per node after it."""
+    from concurrent.futures import ThreadPoolExecutor  # start-up: only the operator's commands
+
+    names = list(names)
+    if not names:
+        return {}
+    with ThreadPoolExecutor(min(32, len(names))) as pool:
+        return dict(zip(names, pool.map(lambda n: ask(n, addrs[n]), names)))
+
+
 @cluster_app.command("status")
 def status_cmd(
     cluster: ClusterOpt,
@@ -74,11 +86,13 @@ def status_cmd(
 
     addrs, keyring = _nodes(cluster, None)
     deadline = time.monotonic() + wait
-    rows = {n: admin.status(a, keyring=keyring, node=n, timeout=timeout) for n, a in addrs.items()}
+    def ping(n, a):
+        return admin.status(a, keyring=keyring, node=n, timeout=timeout)
+
+    rows = _each(ping, addrs, addrs)
     while wait and not all(rows.values()) and time.monotonic() < deadline:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-        rows.update({n: admin.status(addrs[n], keyring=keyring, node=n, timeout=timeout)
-                     for n, st in rows.items() if not st})
+        rows.update(_each(ping, addrs, [n for n, st in rows.items() if not st]))
     if as_json:
         sys.stdout.write(json.dumps({n: ({"alive": True, "held": len(st.get("held", [])),
                                           "rss_bytes": st.get("rss_bytes"), "stats": st.get("stats")}
@@ -105,8 +119,8 @@ def stop_cmd(
 
     addrs, keyring = _nodes(cluster, node)
     failed = []
-    for n, a in addrs.items():
-        why = admin.shutdown(a, keyring=keyring, node=n)
+    answers = _each(lambda n, a: admin.shutdown(a, keyring=keyring, node=n), addrs, addrs)
+    for n, why in answers.items():
         console.print(f"{n}: {'stopped' if why is None else 'not stopped (' + why + ')'}", highlight=False,
                       markup=False)
         if why is not None:
