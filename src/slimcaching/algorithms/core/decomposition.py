@@ -329,35 +329,40 @@ class Decomposition:
         completions = 8 if fast else 32
 
         def compute(g: int):
+            # everything this server needs from the group problem is taken here, so that the
+            # problem (its rows' arrays, the largest object of a solve) is freed as soon as its
+            # table is made instead of living until every stale group has one
             gp = self.group_problem(g, n, exact_budget)
             if gp is None:
-                return None, None
+                return None
             m = int(self.g_model[g])
             size = p.item_size[self.g_lo[g]]
             kmax = int(min(p.scenario.models[m].experts, how_many(p.capacity[n], size)))
             table = value_table(
                 gp, kmax, exact_budget, beam_width=beam_width, completions=completions, kernels=self.kernels
             )
-            return gp, (kmax, table)
+            work = table_work(gp, kmax, table, beam_width, completions)
+            charged = self.move_cost is not None and not isinstance(gp, PrefixGroup)
+            if charged:
+                table = charged_table(table, self.move_cost[n])
+            mask = self.x[n, gp.experts]
+            held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
+            if charged:
+                held -= float(self.move_cost[n, gp.experts[mask]].sum())
+            return table, held, work
 
         # tables are independent and their kernels release the GIL: computed on worker threads,
         # then recorded in group order, so the result and the statistics do not depend on threads
         rows = int(sum(self.g_end[g] - self.g_start[g] for g in stale))
-        for g, (gp, out) in zip(stale, _map_tables(compute, list(stale), self.kernels is not None, rows)):
+        for g, out in zip(stale, _map_tables(compute, list(stale), self.kernels is not None, rows)):
             table, held = None, 0.0
-            if gp is not None:
-                kmax, table = out
-                self.stats["work"] += table_work(gp, kmax, table, beam_width, completions)
-                if self.move_cost is not None and not isinstance(gp, PrefixGroup):
-                    table = charged_table(table, self.move_cost[n])
+            if out is not None:
+                table, held, work = out
+                self.stats["work"] += work
                 method = "exact" if table.exact else table.method
                 self.stats["methods"][method] = self.stats["methods"].get(method, 0) + 1
                 self.stats["groups"] += 1
                 self.stats["exact_groups"] += int(table.exact)
-                mask = self.x[n, gp.experts]
-                held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
-                if self.move_cost is not None and not isinstance(gp, PrefixGroup):
-                    held -= float(self.move_cost[n, gp.experts[mask]].sum())
             self.entries[(n, g)] = _Entry(int(self.version[g]), table, held, stale[g])
         groups, tables, old_value = [], [], 0.0
         for g in range(len(self.g_start)):
