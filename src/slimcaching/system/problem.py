@@ -216,26 +216,13 @@ class Problem:
             return self
         if "compact" in self._cache:
             return self._cache["compact"]
-        idx, inv = group_rows([self.row_model, self.row_layer, self.row_home, *self.row_items.T,
-                               self.row_access, self.row_local])
-        weight = np.bincount(inv, weights=self.row_weight, minlength=len(idx))
-        order = np.lexsort((self.row_home[idx], self.row_layer[idx], self.row_model[idx]))
-        idx, weight = idx[order], weight[order]
         out = copy.copy(self)
         out._cache = {"is_compact": True}
         if len(self.row_class) and self.row_class[0] >= 0:  # per-pair latencies need the per-class rows
             out._cache["per_class"] = self
         elif "per_class" in self._cache:
             out._cache["per_class"] = self._cache["per_class"]
-        out.row_items = self.row_items[idx]
-        out.row_model = self.row_model[idx]
-        out.row_layer = self.row_layer[idx]
-        out.row_home = self.row_home[idx]
-        out.row_access = self.row_access[idx]
-        out.row_local = self.row_local[idx]
-        out.row_weight = weight
-        minus = np.full(len(idx), -1, np.int64)
-        out.row_class, out.row_entry, out.row_prob = minus, minus, np.full(len(idx), np.nan)
+        _compact_rows(out)
         self._cache["compact"] = out
         return out
 
@@ -254,6 +241,22 @@ class Problem:
 
     def feasible(self, x: np.ndarray, dense: np.ndarray | None = None) -> bool:
         return bool(np.all(fits(self.check_capacity(x, dense), self.capacity)))
+
+
+def _compact_rows(p: Problem) -> None:
+    """Merge ``p``'s identical rows (weights added) and sort them by (model, layer, home), field
+    by field in place: each field's old array goes as its new one comes (one field twice at a
+    time, not every row twice), so ``p`` must not share its row arrays with a problem in use."""
+    idx, inv = group_rows([p.row_model, p.row_layer, p.row_home, *p.row_items.T, p.row_access, p.row_local])
+    weight = np.bincount(inv, weights=p.row_weight, minlength=len(idx))
+    del inv
+    order = np.lexsort((p.row_home[idx], p.row_layer[idx], p.row_model[idx]))
+    idx, p.row_weight = idx[order], weight[order]
+    del order, weight
+    for name in ("row_items", "row_model", "row_layer", "row_home", "row_access", "row_local"):
+        setattr(p, name, getattr(p, name)[idx])
+    minus = np.full(len(idx), -1, np.int64)
+    p.row_class, p.row_entry, p.row_prob = minus, minus, np.full(len(idx), np.nan)
 
 
 def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
@@ -476,7 +479,11 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         rows["w"].append((ew[:, None] * p_prob[None, :]).ravel())
         rows["p"].append((eshare[:, None] * p_prob[None, :]).ravel())
         rows["entry"].append(np.repeat(ids, ns))
-    cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
+    cat = {}
+    for k in list(rows):  # each field joined and its parts let go before the next: one field twice at a time
+        parts = rows.pop(k)
+        cat[k] = np.concatenate(parts) if parts else np.zeros(0)
+        del parts
     row_items = cat["items"].astype(np.int64, copy=False).reshape(-1, kmax)  # (no copy: rows are the memory)
     row_class = cat["cls"].astype(np.int64, copy=False)
     dense_term = float((class_model_weight * class_dense).sum())
@@ -505,5 +512,9 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         class_split_device=np.array([sc.users[us[0]].split_device_s for us in class_users], float),
     )
     if merge_rows:
-        out._cache["merged_rows"] = True
+        # what the algorithms work on, made now so that the solve holds one copy of the rows
+        # (compacting later kept the merged rows alive beside their compact copy)
+        del cat, row_items, row_class, row_home
+        _compact_rows(out)
+        out._cache = {"is_compact": True}
     return out
