@@ -339,7 +339,7 @@ def test_a_problem_too_big_for_memory_is_refused_before_it_is_built(tmp_path, ca
     assert main(["solve", "default", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: problem: about ") and err.count("\n") == 1, err
-    assert "rows (93 entries" in err and "32 layers x ~97 sets" in err and "profile import counts --tokens N" in err
+    assert "rows (93 entries" in err and "32 layers x ~97 sets" in err and "solve --draws auto" in err
     assert not out.exists() and not list(tmp_path.iterdir())
     monkeypatch.setattr(problem_module, "available_memory", lambda: float("inf"))
 

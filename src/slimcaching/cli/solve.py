@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -19,12 +18,11 @@ from slimcaching.cli.common import (
     parse_params,
     read_scenario,
     show_progress,
-    table,
     warn_implausible,
     working,
 )
+from slimcaching.cli.solve_output import certify_with_progress, print_summary
 from slimcaching.errors import ScenarioError
-from slimcaching.inputs.units import format_bytes
 
 app = typer.Typer()  # its commands are registered on the main app by slimcaching.cli
 
@@ -53,6 +51,9 @@ def solve_cmd(
                                                     "included; the best bound found by then is used.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="The placement as one JSON line on stdout (for pipes) "
                                           "instead of the summary, when no -o is given.")] = False,
+    draws: Annotated[str, typer.Option("--draws", help="Token sets drawn per counts-only profile layer: all (each "
+                                       "file's own), N, or auto (as many as a latency within 0.1% needs: "
+                                       "checked on fresh draws).")] = "all",
 ) -> None:
     """Compute a placement with one algorithm: a short summary (latency, reduction, storage used per
     server), the placement file with -o, or the placement as JSON on stdout with --json."""
@@ -63,9 +64,11 @@ def solve_cmd(
     # start-up: imported when the command runs, so that --help and the others start at once
     from slimcaching.algorithms import coerce_params, get_algorithm, solve  # start-up
     from slimcaching.algorithms.co_local import co_activation_local_caches  # start-up
+    from slimcaching.algorithms.draws import draws_note, parse_draws, solve_with_draws  # start-up
     from slimcaching.evaluation.breakdown import placement_latency  # start-up
     from slimcaching.evaluation.reporting import solve_summary  # start-up
     from slimcaching.inputs.fileio import atomic_write, check_target  # start-up
+    from slimcaching.inputs.profiles import draws_at_most  # start-up
     from slimcaching.system.placement import scenario_stamp  # start-up
     from slimcaching.system.problem import build_problem  # start-up
     spec = get_algorithm(algorithm)
@@ -85,26 +88,37 @@ def solve_cmd(
         raise ScenarioError("--bound-time-limit", "must be a positive number of seconds", bound_time_limit)
     if output is not None:
         check_target(output, "--output")
-    with working("reading the scenario"):
-        sc = read_scenario(scenario)
-    warn_implausible(sc)
-    given = sc
-    if co_local:
-        sc = co_activation_local_caches(sc)
-    with working("building the problem's rows"):
-        problem = build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
+    drawn = parse_draws(draws)
+    read = {}
+
+    def load(cap):
+        with working("reading the scenario"), draws_at_most(cap):
+            read["given"] = sc = read_scenario(scenario)
+        warn_implausible(sc)
+        return co_activation_local_caches(sc) if co_local else sc
+
+    def build(sc):
+        with working("building the problem's rows"):
+            return build_problem(sc, merge_rows=True)  # solving needs no per-user rows: a fraction of the memory
     limit = params.get("time_limit", spec.defaults.get("time_limit"))
-    with working(f"solving with {spec.name}" + (f" (time limit {float(limit):g} s)" if limit else "")):
-        placement = solve(problem, spec.name, params)
+
+    def run(problem):
+        with working(f"solving with {spec.name}" + (f" (time limit {float(limit):g} s)" if limit else "")):
+            return solve(problem, spec.name, params)
+    problem, placement = solve_with_draws(load, build, run, drawn)
+    given = read["given"]
     if co_local:
         placement.local = {u.name: list(u.local_cache) for u in problem.scenario.users}
         placement.params["local_policy"] = "co-activation"
-        placement.made_for = scenario_stamp(given)  # the file's scenario, not the one with these caches
+    if co_local or drawn != "all":
+        placement.made_for = scenario_stamp(given)  # the file's scenario (its own draws), not these caches
     latency = placement_latency(problem, placement)
     summary = solve_summary(spec.name, placement, latency, params.get("time_limit", spec.defaults.get("time_limit")),
                             bool(params.get("relax")))
+    if "draws" in placement.info:
+        summary += "; " + draws_note(placement.info["draws"])
     if bound:
-        summary += _certify_with_progress(problem, placement, latency, bound_time_limit)
+        summary += certify_with_progress(problem, placement, latency, bound_time_limit)
     data = placement.to_dict(problem, latency)
     promise = None
     if "guarantee" in placement.info:
@@ -115,68 +129,12 @@ def solve_cmd(
         sys.stdout.write(json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n")
         console.print(summary)
     elif output is None:
-        _print_summary(problem, placement, latency, summary, promise)
+        print_summary(problem, placement, latency, summary, promise)
     else:
         atomic_write(output, json.dumps(data, indent=1, allow_nan=False) + "\n")
         console.print(f"{summary}, solved in {placement.solve_seconds:.2f} s; wrote {output}")
     if promise and (output is not None or as_json):
         console.print(promise, highlight=False, markup=False, soft_wrap=True)
-
-
-def _certify_with_progress(problem, placement, latency: float, time_limit: float) -> str:
-    """:func:`slimcaching.bounds.certificate.certify` with its progress on stderr: a spinner line on a terminal,
-    else (piped, redirected) a plain line at each stage and at most every 5 s, so that a log shows
-    the time moving and the best bound so far."""
-    # start-up: imported when the command runs, so that --help and the others start at once
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from slimcaching.bounds.certificate import certify, gap  # start-up
-    t0 = time.perf_counter()
-    shown = {"at": -1e9, "stage": ""}
-
-    def line(stage: str, best: float) -> str:
-        return (f"proving a lower bound: {time.perf_counter() - t0:.0f} s, {stage}; best so far "
-                f"{best * 1e3:.3f} ms (within {gap(latency, best) * 100:.2f}%)")
-
-    live = show_progress()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True, disable=not live) as progress:
-        task = progress.add_task("proving a lower bound", total=None)
-
-        def step(stage: str, best: float) -> None:
-            if live:
-                progress.update(task, description=line(stage, best))
-                return
-            base = stage.split(" (")[0]
-            if QUIET["on"] or (base == shown["stage"] and time.perf_counter() - shown["at"] < 5.0):
-                return
-            shown.update(at=time.perf_counter(), stage=base)
-            console.print(line(stage, best), highlight=False, markup=False, soft_wrap=True)
-
-        return certify(problem, placement, latency, time_limit, step)
-
-
-def _print_summary(problem, placement, latency: float, summary: str, promise: str | None = None) -> None:
-    """What a person asked ``solve`` for, on stdout: the latency, the reduction against no edge
-    caching, and where the experts went (bytes and experts per server)."""
-    # start-up: imported when the command runs, so that --help and the others start at once
-    import numpy as np
-    none = problem.objective(problem.empty_placement())
-    out.print(f"{summary}, solved in {placement.solve_seconds:.2f} s", highlight=False)
-    if promise:
-        out.print(promise, highlight=False, markup=False)
-    if none > 0 and placement.latency_model != "hybrid":
-        out.print(f"reduction against no edge caching: {(1 - latency / none) * 100:.1f}% "
-                  f"({none * 1e3:.3f} ms without)", highlight=False)
-    used = problem.check_capacity(placement.x, placement.dense)
-    t = table("server", "used", "of", "experts", "dense parts")
-    for n, name in enumerate(problem.server_names):
-        dense = (", ".join(problem.scenario.models[m].name for m in np.nonzero(placement.dense[n])[0])
-                 if placement.dense is not None else "")
-        t.add_row(name, format_bytes(used[n]), format_bytes(problem.capacity[n]), str(int(placement.x[n].sum())),
-                  dense or "-")
-    out.print(t)
-    out.print("not written: -o FILE writes the placement, --json prints it on stdout", highlight=False)
 
 
 @app.command()

@@ -8,6 +8,8 @@ router simulator :func:`synthetic_profile`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import zlib
@@ -23,6 +25,19 @@ from slimcaching.inputs.limits import check, limit
 PROB_TOLERANCE = 1e-6
 INDEPENDENT = "independent"  # a layer kept as the arguments its sets are drawn from (independent_layer)
 _DRAWN_KEYS = ("weights", "always", "top_k", "tokens", "seed")
+# at most this many tokens drawn per counts-only layer while profiles are read (None: a file's own)
+_DRAW_CAP: contextvars.ContextVar[int | None] = contextvars.ContextVar("slimcaching_draw_cap", default=None)
+
+
+@contextlib.contextmanager
+def draws_at_most(tokens: int | None):
+    """Within the block, every counts-only layer read draws at most ``tokens`` tokens: the
+    prefix of its own sample (see :func:`gumbel_noise`); None: each file's own number."""
+    mark = _DRAW_CAP.set(None if tokens is None else int(tokens))
+    try:
+        yield
+    finally:
+        _DRAW_CAP.reset(mark)
 
 
 @dataclass
@@ -34,6 +49,8 @@ class LayerProfile:
     # how the sets were drawn, when they were (counts-only imports: independent_layer's arguments);
     # a JSON file keeps these few numbers instead of the sets, which are drawn again on reading
     drawn: dict | None = None
+    # the tokens its file draws, when fewer were drawn here (draws_at_most): what identifies the layer
+    drawn_from: int | None = None
 
     def marginals(self, experts: int) -> np.ndarray:
         out = np.zeros(experts)
@@ -263,11 +280,13 @@ def group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return idx, inv.ravel()
 
 
-def gumbel_noise(tokens: int, experts: int, seed: int) -> np.ndarray:
+def gumbel_noise(tokens: int, experts: int, seed: int, stream: int = 0) -> np.ndarray:
     """(tokens, experts) standard Gumbel noise from ``seed``, made from PCG64's uniform doubles
     (``Generator.random``, a stream numpy keeps) so that the same seed draws the same sets
-    everywhere; a uniform of exactly 0 gives -inf (never drawn)."""
-    u = np.random.default_rng([seed, 0x1D]).random((tokens, experts))
+    everywhere; a uniform of exactly 0 gives -inf (never drawn). Row t is the same whatever
+    ``tokens`` is, so fewer tokens draw a prefix of the same sample. ``stream`` > 0: an
+    independent sample of the same seed (the replicates that measure a sample's error)."""
+    u = np.random.default_rng([seed, 0x1D] if stream == 0 else [seed, 0x1D, stream]).random((tokens, experts))
     with np.errstate(divide="ignore"):
         return -np.log(-np.log(u))
 
@@ -307,10 +326,42 @@ def independent_layer(weights, always, top_k: int, tokens: int, seed: int,
     return LayerProfile(uniq.astype(np.int64), n / n.sum(), drawn)
 
 
+def drawn_tokens(profile: Profile) -> int:
+    """The most tokens any counts-only layer of ``profile`` draws (0: none is drawn)."""
+    return max((int(lp.drawn["tokens"]) for lp in profile.layers if lp.drawn is not None), default=0)
+
+
+def redrawn(profile: Profile, tokens: int, stream: int = 0) -> Profile:
+    """``profile`` with each counts-only layer drawn again from its weights on at most ``tokens``
+    tokens of noise stream ``stream`` (0: a prefix of the layer's own sample, so ``tokens`` >= its
+    own gives the layer unchanged); measured layers are kept as they are. O(tokens * E) a layer."""
+    if tokens >= drawn_tokens(profile) and stream == 0:
+        return profile
+    layers, noises = [], {}
+    for lp in profile.layers:
+        d = lp.drawn
+        if d is None:
+            layers.append(lp)
+            continue
+        key = (min(int(tokens), int(d["tokens"])), len(d["weights"]), int(d["seed"]))
+        if key not in noises:
+            noises.clear()  # a profile's layers share their noise: one kept
+            noises[key] = gumbel_noise(*key, stream=stream)
+        layer = independent_layer(np.asarray(d["weights"], np.float64), d["always"], d["top_k"], key[0], key[2],
+                                  noises[key])
+        own = lp.drawn_from or int(d["tokens"])
+        layer.drawn_from = own if key[0] < own else None
+        layers.append(layer)
+    return Profile(profile.model, layers, dict(profile.meta))
+
+
 def _drawn_tokens(layer: dict) -> int:
     d = layer.get(INDEPENDENT)
     t = d.get("tokens") if isinstance(d, dict) else None
-    return t if type(t) is int and t > 0 else 0
+    if type(t) is not int or t <= 0:
+        return 0
+    cap = _DRAW_CAP.get()
+    return t if cap is None else min(t, cap)
 
 
 def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
@@ -331,6 +382,8 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
     for key, v, lo, hi in (("top_k", k, 1, len(w)), ("tokens", tokens, 1, 2**63 - 1), ("seed", seed, 0, 2**63 - 1)):
         if type(v) is not int or not lo <= v <= hi:
             raise ScenarioError(f"{where}.{key}", f"a whole number from {lo} to {hi}", v)
+    cap = _DRAW_CAP.get()
+    own, tokens = tokens, tokens if cap is None else min(tokens, cap)
     check("profile_sets", tokens, f"{where}.tokens", "tokens drawn")
     check("drawn_samples", tokens * len(w), f"{where}.tokens", "tokens x experts drawn")
     if not isinstance(always, list) or any(type(e) is not int or not 0 <= e < len(w) for e in always):
@@ -345,7 +398,10 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
     if key not in noises:
         noises.clear()  # one kept: a profile's layers share theirs
         noises[key] = gumbel_noise(*key)
-    return independent_layer(weights, always, k, tokens, seed, noises[key])
+    layer = independent_layer(weights, always, k, tokens, seed, noises[key])
+    if tokens < own:
+        layer.drawn_from = own
+    return layer
 
 
 def profile_from_trace(trace: np.ndarray, model: str, meta: dict | None = None) -> Profile:

@@ -124,6 +124,7 @@ class PlacementIn(BaseModel):
     bound_method: StrictStr | None = None
     bound_seconds: Annotated[_Finite, Field(ge=0)] | None = None
     guarantee: dict[StrictStr, Any] | None = None  # solve --bound: the paper's curvature guarantee
+    draws: dict[StrictStr, Any] | None = None  # solve --draws: tokens drawn per counts-only layer, and why
     u_shaped: dict[StrictStr, Any] | None = None
     architectures: dict[StrictStr, Any] | None = None
     migration: dict[StrictStr, Any] | None = None  # replan: what moving from the old placement cost
@@ -237,7 +238,7 @@ def _placement_from_input(pin: PlacementIn, problem: Problem, where: str) -> Pla
 
 _INFO_KEYS = {"status", "message", "variables", "constraints", "bound_s", "lp_bound_s", "objective_s", "gap",
               "optimal", "note", "u_shaped", "architectures", "warm_start_s", "lower_bound_s", "bound_method",
-              "bound_seconds", "guarantee"}
+              "bound_seconds", "guarantee", "draws"}
 
 
 def load_placement(path: str | Path, problem: Problem) -> Placement:
