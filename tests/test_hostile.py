@@ -335,7 +335,7 @@ def test_a_problem_too_big_for_memory_is_refused_before_it_is_built(tmp_path, ca
     from slimcaching.cli import main
 
     out = tmp_path / "p.json"
-    monkeypatch.setattr(problem_module, "available_memory", lambda: 20e6)  # the default needs ~30 MB by the rule
+    monkeypatch.setattr(problem_module, "available_memory", lambda: 20e6)  # the default needs ~21 MB by the rule
     assert main(["solve", "default", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: problem: about ") and err.count("\n") == 1, err

@@ -34,7 +34,7 @@ import numpy as np
 
 from slimcaching.system.arith import dot, matvec, vecmat
 from slimcaching.system.latency import exec_time
-from slimcaching.system.problem import Problem, build_problem
+from slimcaching.system.problem import Problem, build_problem, unset_rows
 
 LATENCY_MODELS = ("slimcaching", "u-shaped", "u-shaped-partial", "hybrid")
 SLIM, CLOUD = -2, -1  # choice codes; a choice >= 0 is split-style through that server
@@ -231,8 +231,8 @@ def assigned_problem(problem: Problem, choice: np.ndarray, dense: np.ndarray) ->
     out._cache = {}
     for k, v in parts.items():
         setattr(out, k, np.concatenate(v))
-    minus = np.full(len(out.row_items), -1, np.int64)
-    out.row_class, out.row_entry, out.row_prob = minus, minus, np.full(len(minus), np.nan)
+    out.row_class = out.row_entry = unset_rows(len(out.row_items), -1)
+    out.row_prob = unset_rows(len(out.row_items), np.nan)
     out.dense_term = constant
     out.capacity = np.maximum(q.capacity - matvec(dense.astype(float), q.dense_bytes), 0.0)
     return out.compact()

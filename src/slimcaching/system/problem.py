@@ -255,8 +255,14 @@ def _compact_rows(p: Problem) -> None:
     del order, weight
     for name in ("row_items", "row_model", "row_layer", "row_home", "row_access", "row_local"):
         setattr(p, name, getattr(p, name)[idx])
-    minus = np.full(len(idx), -1, np.int64)
-    p.row_class, p.row_entry, p.row_prob = minus, minus, np.full(len(idx), np.nan)
+    p.row_class = p.row_entry = unset_rows(len(idx), -1)
+    p.row_prob = unset_rows(len(idx), np.nan)
+
+
+def unset_rows(n: int, value: float) -> np.ndarray:
+    """``n`` rows' worth of one value (-1 for class and entry, NaN for share: fields compact rows do
+    not carry), as a read-only view of a single number: 24 bytes a row saved."""
+    return np.broadcast_to(np.array(value, np.int64 if value == -1 else np.float64), (n,))
 
 
 def _append_merged(rows: dict, items, home, model: int, layer, access, local, weight) -> None:
@@ -264,25 +270,23 @@ def _append_merged(rows: dict, items, home, model: int, layer, access, local, we
     idx, inv = group_rows([home, layer, *np.asarray(items).T, access, local])
     n = len(idx)
     rows["items"].append(items[idx])
-    rows["cls"].append(np.full(n, -1))
     rows["home"].append(home[idx])
     rows["model"].append(np.full(n, model))
     rows["layer"].append(layer[idx])
     rows["access"].append(access[idx])
     rows["local"].append(local[idx])
     rows["w"].append(np.bincount(inv, weights=weight, minlength=n))
-    rows["p"].append(np.full(n, np.nan))
-    rows["entry"].append(np.full(n, -1))
 
 
 # bytes per row while the problem is built: a profile's rows before merging (their expert ids, the
-# device-cache mask, the row fields and the merge keys: 17 K + 64) and every kept row (8 K + 72,
-# twice while the per-profile parts are joined). Counting every row as kept makes it an upper
-# bound: the measured peak (tracemalloc) was 56% of it on Qwen3-30B-A3B 5 x 50 and 66% on
-# OLMoE-1B-7B 5 x 50, where merging kept 60% and 74% of the rows
+# device-cache mask, the row fields and the merge keys: 17 K + 64) and every kept row (4-byte
+# expert ids and six 8-byte fields, 4 K + 48, counted twice for the join and the compaction).
+# Counting every row as kept makes it an upper bound: the measured peak (tracemalloc) was 56% of
+# it on Qwen3-30B-A3B 5 x 50 and 66% on OLMoE-1B-7B 5 x 50, where merging kept 60% and 74% of the
+# rows (with 8-byte ids and class fields; both shrank since)
 def row_bytes(kmax: int) -> tuple[int, int]:
     """(bytes per row of one profile before merging, bytes per kept row at the join)."""
-    return 17 * kmax + 64, 2 * (8 * kmax + 72)
+    return 17 * kmax + 64, 2 * (4 * kmax + 48)
 
 
 def estimate_rows(plan: list, kmax: int) -> dict:
@@ -455,14 +459,16 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
             cls, eshare, ids = cls[first], np.full(len(first), np.nan), np.full(len(first), -1)
         plan.append((prof, mi, m, cls, ew, eshare, ids))
     check_row_memory(plan, kmax, merge_rows)
+    # expert ids (and the sentinel ni) in 4 bytes when they fit: the widest field of every row
+    item_type = np.int32 if ni < np.iinfo(np.int32).max else np.int64
     for prof, mi, m, cls, ew, eshare, ids in plan:
         p_items = np.concatenate([offset[mi] + layer * m.experts + lp.sets for layer, lp in enumerate(prof.layers)])
         p_layer = np.concatenate([np.full(len(lp.probs), layer) for layer, lp in enumerate(prof.layers)])
         p_prob = np.concatenate([lp.probs for lp in prof.layers])
         loc = class_local[cls[:, None, None], p_items[None, :, :]]  # [entries, sets, K]
-        rem = np.where(loc, ni, p_items[None, :, :])
+        rem = np.where(loc, ni, p_items[None, :, :]).astype(item_type, copy=False)
         if m.top_k < kmax:
-            rem = np.concatenate([rem, np.full(rem.shape[:2] + (kmax - m.top_k,), ni)], axis=2)
+            rem = np.concatenate([rem, np.full(rem.shape[:2] + (kmax - m.top_k,), ni, item_type)], axis=2)
         ne, ns = len(cls), len(p_prob)
         if merge_rows:  # identical rows of this profile merged now: never all rows at once
             _append_merged(rows, rem.reshape(ne * ns, kmax), np.repeat(class_home[cls], ns), mi, np.tile(p_layer, ne),
@@ -484,12 +490,14 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         parts = rows.pop(k)
         cat[k] = np.concatenate(parts) if parts else np.zeros(0)
         del parts
-    row_items = cat["items"].astype(np.int64, copy=False).reshape(-1, kmax)  # (no copy: rows are the memory)
+    if merge_rows:  # merged rows carry no class, entry or share: one shared value, no memory
+        cat["cls"] = cat["entry"] = unset_rows(len(cat["w"]), -1)
+        cat["p"] = unset_rows(len(cat["w"]), np.nan)
+    row_items = cat["items"].astype(item_type, copy=False).reshape(-1, kmax)  # (no copy: rows are the memory)
     row_class = cat["cls"].astype(np.int64, copy=False)
     dense_term = float((class_model_weight * class_dense).sum())
     if merge_rows:
         row_home = cat["home"].astype(np.int64, copy=False)
-        row_class = np.full(len(row_class), -1, np.int64)
     else:
         row_home = class_home[row_class]
     out = Problem(
