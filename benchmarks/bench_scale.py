@@ -12,6 +12,7 @@ Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcachin
          per user, with the fitted exponent of solve time per MoE layer in E over the top-8 ones
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
      python benchmarks/bench_scale.py --populations 20000,2000   # 12 counts-only populations (memory)
+     python benchmarks/bench_scale.py --populations 20000 --draws auto   # the same, solved on fewer draws
      python benchmarks/bench_scale.py --routing measured --models olmoe-1b-7b --models-per-user 1
          # every synthetic profile replaced by routing measured with `slimcaching profile` (see
          # measured_profile: no model hub here, so a random-weight model of the preset's shape)
@@ -136,37 +137,57 @@ def populations_scenario(tokens: int, populations: int = 12, servers: int = 10, 
     return path
 
 
-def one_populations(tokens: int, algo: str) -> dict:
-    """One algorithm on :func:`populations_scenario`, in this process: build, solve, peak RSS,
-    or the one-line refusal when the rows would not fit."""
+def one_populations(tokens: int, algo: str, draws: str = "all") -> dict:
+    """One algorithm on :func:`populations_scenario` (files of ``tokens`` draws a layer), solved
+    on ``draws`` of them (``solve --draws``: all, N or auto), in this process: build, solve, peak
+    RSS, or the one-line refusal when the rows would not fit."""
     from slimcaching.algorithms import solve
+    from slimcaching.algorithms.draws import parse_draws, solve_with_draws
     from slimcaching.errors import ScenarioError
     from slimcaching.evaluation.breakdown import placement_latency
+    from slimcaching.inputs.profiles import draws_at_most
     from slimcaching.system.problem import build_problem
     from slimcaching.system.scenario import load_scenario
 
     path = populations_scenario(tokens)
-    t0 = time.perf_counter()
-    sc = load_scenario(path)
-    try:
+    spent = {"build": 0.0, "solve": 0.0}
+
+    def load(cap):
+        with draws_at_most(cap):
+            return load_scenario(path)
+
+    def build(sc):
+        t = time.perf_counter()
         problem = build_problem(sc, merge_rows=True)
+        spent["build"] += time.perf_counter() - t
+        return problem
+
+    def run(problem):
+        t = time.perf_counter()
+        pl = solve(problem, algo)
+        spent["solve"] += time.perf_counter() - t
+        return pl
+
+    t0 = time.perf_counter()
+    try:
+        problem, pl = solve_with_draws(load, build, run, parse_draws(draws))
     except ScenarioError as exc:
-        return {"tokens": tokens, "algorithm": algo, "refused": str(exc), "build_s": time.perf_counter() - t0,
+        return {"tokens": tokens, "draws": draws, "algorithm": algo, "refused": str(exc),
+                "build_s": time.perf_counter() - t0,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    problem.compact()
-    build = time.perf_counter() - t0
-    pl = solve(problem, algo)
-    return {"tokens": tokens, "algorithm": algo, "rows": int(len(problem.compact().row_weight)),
-            "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": build, "solve_s": pl.solve_seconds,
+    return {"tokens": tokens, "draws": draws, "drawn": pl.info.get("draws", {}).get("tokens", tokens),
+            "algorithm": algo, "rows": int(len(problem.row_weight)),
+            "latency_ms": placement_latency(problem, pl) * 1e3, "build_s": spent["build"], "solve_s": spent["solve"],
+            "wall_s": time.perf_counter() - t0, "draws_info": pl.info.get("draws"),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def populations(tokens_list: list[int], algos: list[str]) -> list[dict]:
+def populations(tokens_list: list[int], algos: list[str], draws: str = "all") -> list[dict]:
     """Each (tokens, algorithm) of the populations case in a fresh process."""
     rows = []
     for tokens in tokens_list:
         for algo in algos:
-            res = subprocess.run([sys.executable, __file__, "--one-populations", str(tokens), algo],
+            res = subprocess.run([sys.executable, __file__, "--one-populations", str(tokens), algo, draws],
                                  capture_output=True, text=True)
             if res.returncode:
                 print(f"populations tokens={tokens} {algo} failed ({res.returncode}):\n{res.stderr[-1500:]}",
@@ -178,7 +199,8 @@ def populations(tokens_list: list[int], algos: list[str]) -> list[dict]:
                 print(f"populations tokens={tokens:6d} {algo:12s} refused after {row['build_s']:.1f} s "
                       f"(peak {row['peak_rss_mb']:.0f} MB): {row['refused']}", flush=True)
             else:
-                print(f"populations tokens={tokens:6d} {algo:12s} {row['latency_ms']:10.3f} ms  "
+                print(f"populations tokens={tokens:6d} draws={draws}->{row['drawn']} {algo:12s} "
+                      f"{row['latency_ms']:10.3f} ms  wall {row['wall_s']:6.1f} s  "
                       f"rows {row['rows']:>10,d}  build {row['build_s']:6.1f} s  solve {row['solve_s']:7.1f} s  "
                       f"peak {row['peak_rss_mb']:7.0f} MB", flush=True)
     return rows
@@ -212,15 +234,17 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true")
     ap.add_argument("--populations", metavar="TOKENS", help="the populations case (12 counts-only populations of "
                     "Qwen3-30B-A3B, 10 x 120) at these comma-separated draws per layer, e.g. 20000,2000")
-    ap.add_argument("--one-populations", nargs=2, metavar=("TOKENS", "ALGO"), help=argparse.SUPPRESS)
+    ap.add_argument("--draws", default="all", help="the populations case: solve --draws (all, N or auto)")
+    ap.add_argument("--one-populations", nargs=3, metavar=("TOKENS", "ALGO", "DRAWS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_populations:
-        print(json.dumps(one_populations(int(args.one_populations[0]), args.one_populations[1])))
+        print(json.dumps(one_populations(int(args.one_populations[0]), args.one_populations[1],
+                                         args.one_populations[2])))
         return
     if args.populations:
         algos = args.algos.split(",") if args.algos != ap.get_default("algos") else ["lfu", "greedy", "eplb",
                                                                                       "slimcaching"]
-        write_results(args.json, populations([int(t) for t in args.populations.split(",")], algos), {})
+        write_results(args.json, populations([int(t) for t in args.populations.split(",")], algos, args.draws), {})
         return
     if args.one:
         size, algo, models, per_user, routing = args.one

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slimcaching.errors import ScenarioError, SolverBug, did_you_mean  # noqa: F401  (SolverBug: importable from here too)
+from slimcaching.inputs.limits import release_freed_memory
 from slimcaching.system.placement import Placement
 from slimcaching.system.problem import Problem
 
@@ -186,6 +187,7 @@ def solve(problem: Problem, name: str, params: dict | None = None) -> Placement:
     t0 = time.perf_counter()
     placement = spec.fn(problem.compact(), **kw)
     placement.solve_seconds = time.perf_counter() - t0
+    release_freed_memory()  # the algorithm's temporaries: not part of what comes next
     if placement.x.shape != (problem.n_servers, problem.n_items) or not problem.feasible(placement.x,
                                                                                          placement.dense):
         used = problem.check_capacity(placement.x, placement.dense)

@@ -82,3 +82,25 @@ def available_memory() -> float:
     except (ImportError, OSError, ValueError):
         pass
     return room
+
+
+_TRIM: list = []  # glibc's malloc_trim, looked up once ([None] where there is none)
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the last stage back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). Large temporaries freed on worker threads stay in those threads' malloc arenas
+    otherwise, and count towards the next stage's peak: 12 counts-only Qwen3 populations held
+    1,075 MB after a solve, 507 MB after a trim. A few milliseconds."""
+    if not _TRIM:
+        try:
+            import ctypes  # start-up: only when a stage ends
+            import ctypes.util
+
+            name = ctypes.util.find_library("c")
+            fn = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        except (ImportError, OSError):
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)

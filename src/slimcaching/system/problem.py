@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slimcaching.errors import ScenarioError
-from slimcaching.inputs.limits import available_memory
+from slimcaching.inputs.limits import available_memory, release_freed_memory
 from slimcaching.inputs.profiles import group_rows
 from slimcaching.inputs.units import format_bytes
 from slimcaching.system.arith import dot, matvec
@@ -525,4 +525,5 @@ def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
         del cat, row_items, row_class, row_home
         _compact_rows(out)
         out._cache = {"is_compact": True}
+    release_freed_memory()  # the build's temporaries: not part of the solve's peak
     return out
