@@ -15,7 +15,7 @@ from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
 from slimcaching.inputs.profiles import Profile, drawn_tokens, draws_at_most, redrawn
 from slimcaching.inputs.routing_import import Imported, to_profile
 from slimcaching.system.problem import build_problem
-from slimcaching.system.scenario import load_scenario
+from slimcaching.system.scenario import load_scenario, resolve_local_caches
 from slimcaching.system.scenario.export import scenario_fingerprint
 
 TOKENS = 3000  # each file's own draws: the rule's first step (1,000) is a prefix, its second (4,000) is past it
@@ -52,6 +52,8 @@ def test_fewer_draws_are_a_prefix_of_each_layers_own_sample(counts_scenario):
     with draws_at_most(700):
         fewer = Profile.load(path)
     assert drawn_tokens(fewer) == 700 and all(lp.drawn_from == TOKENS for lp in fewer.layers)
+    for a, b in zip(fewer.layers, full.layers):  # the marginals stay the file's own
+        np.testing.assert_array_equal(a.marginals(64), b.marginals(64))
     for a, b in zip(fewer.layers, redrawn(full, 700).layers):
         np.testing.assert_array_equal(a.sets, b.sets)
         np.testing.assert_array_equal(a.probs, b.probs)
@@ -64,24 +66,23 @@ def test_fewer_draws_are_a_prefix_of_each_layers_own_sample(counts_scenario):
     assert not all(np.array_equal(a.sets, b.sets) for a, b in zip(other.layers, fewer.layers))
 
 
-def test_a_scenario_read_on_fewer_draws_is_stamped_by_what_draws_it(counts_scenario, tmp_path):
-    """A counts-only layer enters the fingerprint by the arguments that draw it, so fewer draws of
-    the same file are the same scenario as long as what they decide is the same: here no device
-    caches (with caches, the LFU choice from fewer draws can differ, and so does the stamp)."""
-    data = json.loads(open(counts_scenario).read())
-    for user in data["users"]:
-        user["cache_bytes"] = 0
-    path = tmp_path / "nocache.json"
-    path.write_text(json.dumps(data))
-    full = load_scenario(path)
+def test_fewer_draws_keep_the_files_device_caches_and_its_stamp(counts_scenario, tmp_path):
+    """Device caches are chosen on each file's own draws whatever ``--draws`` is (the marginals of
+    the full sample, computed exactly as a full read does), so a scenario read on fewer draws is
+    the same scenario: the same caches, the same fingerprint. A counts-only layer enters the
+    fingerprint by the arguments that draw it."""
+    full = load_scenario(counts_scenario)
     with draws_at_most(500):
-        fewer = load_scenario(path)
+        fewer = load_scenario(counts_scenario)
+    for a, b in zip(resolve_local_caches(full).users, resolve_local_caches(fewer).users):
+        assert a.local_cache == b.local_cache and a.local_cache
     assert scenario_fingerprint(fewer) == scenario_fingerprint(full)
+    data = json.loads(open(counts_scenario).read())
     data["users"][0]["rate"] = 2.0
     assert scenario_fingerprint(load_scenario(data)) != scenario_fingerprint(full)
-    profiles = json.loads(open(data["profiles"]["pop0"]["file"]).read())
-    profiles["layers"][0]["independent"]["seed"] += 1  # another sample: another scenario
-    (tmp_path / "other.json").write_text(json.dumps(profiles))
+    profile = json.loads(open(data["profiles"]["pop0"]["file"]).read())
+    profile["layers"][0]["independent"]["seed"] += 1  # another sample: another scenario
+    (tmp_path / "other.json").write_text(json.dumps(profile))
     data["users"][0]["rate"] = 1.0
     data["profiles"]["pop0"]["file"] = str(tmp_path / "other.json")
     assert scenario_fingerprint(load_scenario(data)) != scenario_fingerprint(full)
@@ -129,7 +130,7 @@ def test_solve_draws_auto_writes_what_it_drew_and_evaluate_takes_the_file(counts
     data = json.loads(out.read_text())
     assert data["draws"]["tokens"] == 1000 and len(data["draws"]["fresh_s"]) == 4
     assert main(["evaluate", counts_scenario, str(out)]) == 0
-    capsys.readouterr()
+    assert "another" not in capsys.readouterr().err  # the same scenario: its caches are the file's own
     for bad in ("0", "lots", "-3"):
         assert main(["solve", counts_scenario, "--draws", bad, "-o", str(tmp_path / "q.json")]) == 2
         err = capsys.readouterr().err

@@ -9,7 +9,8 @@ many populations of a wide model need more memory than the answer calls for.
 ``auto`` chooses the number by a stated rule:
 
 1. Start at :data:`START` tokens per counts-only layer (the prefix of each layer's own sample,
-   so the file's seed still decides every set); device caches follow from that sample.
+   so the file's seed still decides every set). Device caches are chosen on the file's own
+   draws, as without ``--draws``: only the rows the solver sees change.
 2. Solve on it. Evaluate the chosen placement on :data:`REPLICATES` fresh samples of the same
    size (independent noise streams of the same weights, the device caches kept).
 3. Accept when both are below :data:`TOLERANCE` (0.1%) of the replicates' mean latency:

@@ -51,8 +51,14 @@ class LayerProfile:
     drawn: dict | None = None
     # the tokens its file draws, when fewer were drawn here (draws_at_most): what identifies the layer
     drawn_from: int | None = None
+    # then also each expert's share of the file's own draws: what device caches are chosen by, so
+    # that fewer draws change the rows a solver sees and nothing else
+    own_marginals: np.ndarray | None = None
 
     def marginals(self, experts: int) -> np.ndarray:
+        """P(expert active) per expert (sums to K): over the file's own draws when fewer were drawn."""
+        if self.own_marginals is not None and len(self.own_marginals) == experts:
+            return self.own_marginals.copy()
         out = np.zeros(experts)
         np.add.at(out, self.sets.ravel(), np.repeat(self.probs, self.sets.shape[1]))
         return out
@@ -350,7 +356,9 @@ def redrawn(profile: Profile, tokens: int, stream: int = 0) -> Profile:
         layer = independent_layer(np.asarray(d["weights"], np.float64), d["always"], d["top_k"], key[0], key[2],
                                   noises[key])
         own = lp.drawn_from or int(d["tokens"])
-        layer.drawn_from = own if key[0] < own else None
+        if key[0] < own:
+            layer.drawn_from = own
+            layer.own_marginals = lp.own_marginals if lp.own_marginals is not None else lp.marginals(key[1])
         layers.append(layer)
     return Profile(profile.model, layers, dict(profile.meta))
 
@@ -384,8 +392,8 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
             raise ScenarioError(f"{where}.{key}", f"a whole number from {lo} to {hi}", v)
     cap = _DRAW_CAP.get()
     own, tokens = tokens, tokens if cap is None else min(tokens, cap)
-    check("profile_sets", tokens, f"{where}.tokens", "tokens drawn")
-    check("drawn_samples", tokens * len(w), f"{where}.tokens", "tokens x experts drawn")
+    check("profile_sets", own, f"{where}.tokens", "tokens drawn")  # (the file's own: its marginals are drawn)
+    check("drawn_samples", own * len(w), f"{where}.tokens", "tokens x experts drawn")
     if not isinstance(always, list) or any(type(e) is not int or not 0 <= e < len(w) for e in always):
         raise ScenarioError(f"{where}.always", f"expert ids in 0..{len(w) - 1}", always)
     if len(set(always)) != len(always) or len(always) > k:
@@ -394,13 +402,17 @@ def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
     if others < k - len(always):
         raise ScenarioError(f"{where}.weights", f"{others} experts besides 'always' have weight > 0: "
                             f"too few to draw top_k={k}")
-    key = (tokens, len(w), seed)
+    key = (own, len(w), seed)  # the file's own noise: fewer draws take its first rows
     if key not in noises:
         noises.clear()  # one kept: a profile's layers share theirs
         noises[key] = gumbel_noise(*key)
-    layer = independent_layer(weights, always, k, tokens, seed, noises[key])
-    if tokens < own:
-        layer.drawn_from = own
+    if tokens == own:
+        return independent_layer(weights, always, k, tokens, seed, noises[key])
+    # the file's own sample decides the marginals (and so the device caches), exactly as a full
+    # read would; only its first rows become the layer's sets
+    full = independent_layer(weights, always, k, own, seed, noises[key])
+    layer = independent_layer(weights, always, k, tokens, seed, noises[key][:tokens])
+    layer.drawn_from, layer.own_marginals = own, full.marginals(len(w))
     return layer
 
 
