@@ -131,6 +131,14 @@ def test_solve_draws_auto_writes_what_it_drew_and_evaluate_takes_the_file(counts
     assert data["draws"]["tokens"] == 1000 and len(data["draws"]["fresh_s"]) == 4
     assert main(["evaluate", counts_scenario, str(out)]) == 0
     assert "another" not in capsys.readouterr().err  # the same scenario: its caches are the file's own
+    assert main(["evaluate", counts_scenario, str(out), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)["mean_token_latency_s"]
+    assert main(["evaluate", counts_scenario, str(out), "--json", "--draws", "1000"]) == 0
+    assert json.loads(capsys.readouterr().out)["mean_token_latency_s"] == pytest.approx(
+        data["draws"]["in_sample_s"], rel=1e-12)  # the sample the placement was chosen on
+    assert whole == pytest.approx(data["draws"]["fresh_mean_s"], rel=2e-3)  # which the replicates predicted
+    assert main(["evaluate", counts_scenario, str(out), "--draws", "auto"]) == 2
+    assert "error: --draws: evaluate takes all or a number" in capsys.readouterr().err
     for bad in ("0", "lots", "-3"):
         assert main(["solve", counts_scenario, "--draws", bad, "-o", str(tmp_path / "q.json")]) == 2
         err = capsys.readouterr().err

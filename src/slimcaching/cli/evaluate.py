@@ -23,6 +23,9 @@ def evaluate(
     placement: Annotated[Path, typer.Argument(help="Placement JSON file.")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     users: Annotated[bool, typer.Option("--users", help="Per-user table as well.")] = False,
+    draws: Annotated[str, typer.Option("--draws", help="Token sets drawn per counts-only profile layer: all (each "
+                                       "file's own) or N (their first N: an estimate, for scenarios whose "
+                                       "own draws do not fit in memory).")] = "all",
 ) -> None:
     """Objective and breakdown of a placement (on an EP deployment: inter-node copies, loads, layer time)."""
     if ep.is_ep_scenario(scenario):
@@ -30,10 +33,16 @@ def evaluate(
             raise ScenarioError("--users", "an EP deployment has ranks, not users")
         return ep.evaluate(scenario, placement, as_json)
     # start-up: imported when the command runs, so that --help and the others start at once
+    from slimcaching.algorithms.draws import parse_draws  # start-up
     from slimcaching.evaluation.breakdown import placement_breakdown, problem_for
+    from slimcaching.inputs.profiles import draws_at_most  # start-up
     from slimcaching.system.placement import load_placement
     from slimcaching.system.problem import build_problem  # start-up
-    sc = read_scenario(scenario)
+    cap = parse_draws(draws)
+    if cap == "auto":
+        raise ScenarioError("--draws", "evaluate takes all or a number (auto chooses them for solve)", draws)
+    with draws_at_most(None if cap == "all" else cap):
+        sc = read_scenario(scenario)
     base = build_problem(sc)
     pl = load_placement(placement, base)
     note_other_scenario(pl, base, placement)

@@ -317,7 +317,8 @@ def check_row_memory(plan: list, kmax: int, merge_rows: bool) -> None:
         f"~{est['sets']:,} sets) need about "
         f"{format_bytes(est['bytes'])}, more than 80% of the {format_bytes(room)} available; fewer sets shrink "
         "it: 'solve --draws auto' (counts-only profiles draw 20,000 a layer; auto draws what a 0.1% latency "
-        "needs), fewer populations or users with equal device caches", f"{est['rows']:,} rows")
+        "needs; 'evaluate --draws N' takes the first N), fewer populations or users with equal device caches",
+        f"{est['rows']:,} rows")
 
 
 def build_problem(sc: Scenario, merge_rows: bool = False) -> Problem:
