@@ -345,3 +345,17 @@ def test_unique_rows_is_numpys_unique_faster(n, k, top, seed):
     want, want_counts = np.unique(rows, axis=0, return_counts=True)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(counts, want_counts)
+
+
+def test_inclusion_counts_are_the_column_counts_of_the_drawn_rows():
+    """The weight fit counts each expert's draws by threshold (no rows made); on continuous noise
+    that is exactly what counting the drawn rows gives, with experts of weight 0 never drawn."""
+    from slimcaching.inputs.profiles import draw_rows, gumbel_noise, inclusion_counts, log_weights
+
+    for seed, (tokens, experts, free) in enumerate([(500, 16, 3), (2000, 64, 7), (300, 8, 1), (100, 12, 11)]):
+        w = np.random.default_rng(seed).random(experts) ** 3
+        w[seed % experts] = 0.0
+        noise, lw = gumbel_noise(tokens, experts, seed), log_weights(w)
+        expected = np.bincount(draw_rows(noise, lw, free).ravel(), minlength=experts)
+        np.testing.assert_array_equal(inclusion_counts(noise, lw, free), expected)
+        assert expected[seed % experts] == 0 and expected.sum() == tokens * free

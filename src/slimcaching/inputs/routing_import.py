@@ -45,7 +45,14 @@ from slimcaching.errors import ScenarioError
 from slimcaching.inputs.fileio import atomic_write, input_file, npy_header, parse_json, read_input_bytes, read_text
 from slimcaching.inputs.hf import TRACE_ENTRIES, RoutingTrace
 from slimcaching.inputs.limits import check
-from slimcaching.inputs.profiles import LayerProfile, Profile, draw_rows, gumbel_noise, independent_layer, log_weights
+from slimcaching.inputs.profiles import (
+    LayerProfile,
+    Profile,
+    gumbel_noise,
+    inclusion_counts,
+    independent_layer,
+    log_weights,
+)
 
 FORMATS = ROUTING_FORMATS
 COUNTS_ONLY = ("sglang-stat", "counts")
@@ -630,7 +637,7 @@ def independent_sets(counts: np.ndarray, top_k: int, tokens: int = INDEPENDENT_T
     for _ in range(rounds):
         # the weights as a file keeps them (largest 1): the draws here are the ones a reader makes
         weights = np.where(active, np.exp(logw - logw[active].max()), 0.0)
-        got = np.bincount(draw_rows(noise, log_weights(weights), free).ravel(), minlength=len(counts)) / tokens
+        got = inclusion_counts(noise, log_weights(weights), free) / tokens
         if np.abs(got - target)[active].max() <= tolerance:
             break
         ratio = np.where(active, target / np.maximum(got, 0.5 / tokens), 1.0)
