@@ -377,10 +377,7 @@ def redrawn(profile: Profile, tokens: int, stream: int = 0) -> Profile:
 def _drawn_tokens(layer: dict) -> int:
     d = layer.get(INDEPENDENT)
     t = d.get("tokens") if isinstance(d, dict) else None
-    if type(t) is not int or t <= 0:
-        return 0
-    cap = _DRAW_CAP.get()
-    return t if cap is None else min(t, cap)
+    return t if type(t) is int and t > 0 else 0  # (the file's own, capped or not: its marginals are drawn)
 
 
 def _independent_from_dict(d, where: str, noises: dict) -> LayerProfile:
