@@ -553,3 +553,26 @@ def test_solve_imports_only_the_chosen_algorithm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded = ast.literal_eval(out.stdout)
     assert "slimcaching.algorithms.baselines" in loaded and "slimcaching.algorithms.exact" not in loaded, loaded
+
+
+@pytest.mark.parametrize("seed,top_k", [(0, 2), (4, 1), (5, 3)])
+def test_reused_tables_give_the_placement_and_work_of_computing_them_afresh(seed, top_k, monkeypatch):
+    """The local search revisits states; their tables and knapsacks are reused, with the work they
+    cost charged again: placements, the polish's kicks and the work count are those without reuse."""
+    from slimcaching.algorithms.core import decomposition as dec_mod
+    from slimcaching.inputs.families import random_instance
+
+    problem = build_problem(resolve_scenario(random_instance(seed, top_k)))
+    got, hits = {}, []
+    real_get = dec_mod._Memo.get
+    for reuse in (True, False):
+        def get(self, key, reuse=reuse):
+            hit = real_get(self, key) if reuse else None  # noqa: B023 - bound per loop by the default
+            hits.append(hit is not None)
+            return hit
+        monkeypatch.setattr(dec_mod._Memo, "get", get)
+        r = solve(problem, "slimcaching")
+        got[reuse] = (r.x, r.params["polish"], r.params["work"], r.params["objective_s"])
+    assert any(hits), "no table was reused: the test shows nothing"
+    assert np.array_equal(got[True][0], got[False][0])
+    assert got[True][1:] == got[False][1:]

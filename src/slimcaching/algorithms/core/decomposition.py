@@ -17,6 +17,7 @@ Rows are those of :meth:`Problem.compact` (sorted by model, layer, home).
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -52,6 +53,11 @@ PARALLEL_MIN_TABLES = 4  # fewer stale tables than this are computed on the call
 # nor are tables of fewer rows in all than this: handing small tables to threads costs more than
 # it saves (llama-moe-3.5b-2-8 5 x 50: 1.7 s on one thread, 2.4 s on two)
 PARALLEL_MIN_ROWS = 50_000
+# tables and knapsacks met before are reused (local search revisits the same states): small ones
+# only, so a large solve's memory is unchanged; the work a reused table cost is charged again, so
+# budgets, statistics and placements are exactly those of computing it afresh
+MEMO_BYTES = 64 << 20
+MEMO_ENTRY_BYTES = 1 << 20
 _POOL: ThreadPoolExecutor | None = None
 _POOL_THREADS = [0]  # the threads _POOL was made with (SLIMCACHING_THREADS may change between solves)
 
@@ -76,6 +82,47 @@ def _map_tables(compute, groups: list, compiled: bool, rows: int = PARALLEL_MIN_
         _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slimcaching-table")
         _POOL_THREADS[0] = threads
     return list(_POOL.map(compute, groups))
+
+
+def _arrays_bytes(obj) -> int:
+    """Bytes of the numpy arrays among an object's attributes."""
+    return sum(v.nbytes for v in vars(obj).values() if isinstance(v, np.ndarray)) + 100
+
+
+def _kept_bytes(gp, table: ValueTable) -> int:
+    """Bytes a kept (group problem, table) pair holds, roughly."""
+    choice = table.choice
+    chosen = sum(c.nbytes + 100 for c in choice) if isinstance(choice, list) else _arrays_bytes(choice)
+    return _arrays_bytes(gp) + table.values.nbytes + chosen
+
+
+class _Memo:
+    """A least-recently-used store of at most ``limit`` bytes (entries over ``entry_limit`` are
+    not kept). What it returns never depends on what was evicted: callers recompute a miss."""
+
+    def __init__(self, limit: int = MEMO_BYTES, entry_limit: int = MEMO_ENTRY_BYTES):
+        self.limit, self.entry_limit, self.total = limit, entry_limit, 0
+        self.items: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key):
+        hit = self.items.get(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        nbytes += len(key[-1]) if isinstance(key, tuple) and isinstance(key[-1], bytes) else 0
+        if nbytes > self.entry_limit or key in self.items:
+            return
+        self.items[key] = (value, nbytes)
+        self.total += nbytes
+        while self.total > self.limit:
+            _, (_, b) = self.items.popitem(last=False)
+            self.total -= b
 
 
 @dataclass
@@ -146,6 +193,8 @@ class Decomposition:
         self.beam_width = 1  # of the best response being computed: > 1 keeps K <= ROW_GROUP_MIN_K as patterns
         self._best: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.entries: dict[tuple[int, int], _Entry] = {}
+        self.tables = _Memo()  # (server, group, everything the table depends on) -> (problem, table, work)
+        self.knapsacks = _Memo()  # (tables' values, units, capacity) -> (counts, cells)
         self._local_items: dict[int, np.ndarray] = {}  # per group: its rows' experts as local indices (e: absent)
         self.stats = {"groups": 0, "exact_groups": 0, "exact_units": True, "methods": {}, "work": 0.0}
 
@@ -331,10 +380,11 @@ class Decomposition:
         def compute(g: int):
             # everything this server needs from the group problem is taken here, so that the
             # problem (its rows' arrays, the largest object of a solve) is freed as soon as its
-            # table is made instead of living until every stale group has one
+            # table is made instead of living until every stale group has one (small problems are
+            # kept with their tables for reuse)
             gp = self.group_problem(g, n, exact_budget)
             if gp is None:
-                return None
+                return None, (None, None, 0.0, 0)
             m = int(self.g_model[g])
             size = p.item_size[self.g_lo[g]]
             kmax = int(min(p.scenario.models[m].experts, how_many(p.capacity[n], size)))
@@ -342,6 +392,12 @@ class Decomposition:
                 gp, kmax, exact_budget, beam_width=beam_width, completions=completions, kernels=self.kernels
             )
             work = table_work(gp, kmax, table, beam_width, completions)
+            size = _kept_bytes(gp, table)
+            keep = (gp, table, work, size) if size <= self.tables.entry_limit else None
+            return (*finish(gp, table), work), keep
+
+        def finish(gp, table):
+            """The table with n's move costs taken off, and the value of n's current cache on it."""
             charged = self.move_cost is not None and not isinstance(gp, PrefixGroup)
             if charged:
                 table = charged_table(table, self.move_cost[n])
@@ -349,12 +405,29 @@ class Decomposition:
             held = float(gp.values(mask[None, :])[0]) if mask.any() else 0.0
             if charged:
                 held -= float(self.move_cost[n, gp.experts[mask]].sum())
-            return table, held, work
+            return table, held
 
+        def memo_key(g: int) -> tuple:
+            lo, e = int(self.g_lo[g]), int(self.g_e[g])
+            kicks = tuple(None if a is None else a[n, lo:lo + e].tobytes() for a in (self.force, self.forbid))
+            cost = None if self.move_cost is None else self.move_cost[n, lo:lo + e].tobytes()
+            return (n, g, fast, exact_budget, beam_width, kicks, cost, stale[g].tobytes())
+
+        keys = {g: memo_key(g) for g in stale}
+        known = {g: self.tables.get(keys[g]) for g in stale}
+        todo = [g for g in stale if known[g] is None]
         # tables are independent and their kernels release the GIL: computed on worker threads,
         # then recorded in group order, so the result and the statistics do not depend on threads
-        rows = int(sum(self.g_end[g] - self.g_start[g] for g in stale))
-        for g, out in zip(stale, _map_tables(compute, list(stale), self.kernels is not None, rows)):
+        rows = int(sum(self.g_end[g] - self.g_start[g] for g in todo))
+        fresh = dict(zip(todo, _map_tables(compute, todo, self.kernels is not None, rows)))
+        for g in stale:
+            if known[g] is not None:
+                gp, raw, work, _ = known[g]
+                out = None if gp is None else (*finish(gp, raw), work)
+            else:
+                out, keep = fresh.pop(g)
+                if keep is not None:
+                    self.tables.put(keys[g], keep, keep[3])
             table, held = None, 0.0
             if out is not None:
                 table, held, work = out
@@ -379,7 +452,15 @@ class Decomposition:
         self.stats["exact_units"] = self.stats["exact_units"] and exact_units
         # equal-size groups merged by exact max-plus convolution, then a knapsack over size classes:
         # the same optimum as the knapsack over groups, with far fewer DP cells
-        _, ks, cells = knapsack_by_size_class([t.values for t in tables], units, cap_units)
+        values = [t.values for t in tables]
+        key = (np.asarray(units).tobytes(), int(cap_units), b"".join(np.int64(len(v)).tobytes() + v.tobytes()
+                                                                    for v in values))
+        hit = self.knapsacks.get(key)
+        if hit is None:
+            _, ks, cells = knapsack_by_size_class(values, units, cap_units)
+            self.knapsacks.put(key, (ks, cells), 8 * len(ks))
+        else:
+            ks, cells = hit
         self.stats["work"] += cells
         new_value, counts = 0.0, {}
         for g, t, k in zip(groups, tables, ks):
