@@ -313,19 +313,25 @@ def _run(tmp_path, sc, pl, d, *extra, tokens: int = 6):
 
 
 def _no_node_processes():
+    """No node process (nor the zygote that forks them) descends from this test process."""
     time.sleep(0.2)
-    mine = []
+    parents = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            state, ppid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[:2]
         except (OSError, ValueError, IndexError):
             continue
-        if b"slimcaching.runtime.node" in cmd and ppid == os.getpid():
-            mine.append(pid)
-    return not mine
+        parents[int(pid)] = (int(ppid), b"slimcaching.runtime.node" in cmd and state != "Z")
+
+    def mine(pid: int) -> bool:
+        while pid in parents and pid != os.getpid():
+            pid = parents[pid][0]
+        return pid == os.getpid()
+
+    return not [pid for pid, (_, node) in parents.items() if node and mine(pid)]
 
 
 def test_kill_an_edge_server_mid_generation_loses_no_token(model_dirs, tmp_path):

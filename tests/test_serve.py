@@ -408,13 +408,20 @@ def test_serve_command_starts_answers_and_stops_every_node_on_sigterm(tmp_path, 
 
 
 def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (the nodes are forked by a zygote the launcher starts)."""
     out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as fh:
-                out += [int(x) for x in fh.read().split()]
+                kids = [int(x) for x in fh.read().split()]
         except OSError:
-            pass
+            continue
+        for kid in kids:
+            out += [kid, *_children(kid)]
     return out
 
 

@@ -89,7 +89,7 @@ EXPERIMENTS["regimes"] = Experiment(
 PEER_ALGOS = ("slimcaching", "slimcaching-fast", "greedy", "lfu", "eplb", "topology-aware", "hot-experts", "none")
 PEER_VARIANTS = ("default", "geometric", "fine-grained", "trace")
 PEER_TRACE_MODEL = "olmoe-1b-7b"  # the model of the default imported trace (top-8 of 64, 16 layers)
-PEER_BOUND_LIMIT = {False: 120.0, True: 20.0}  # seconds for each point's lower bound (full, quick)
+PEER_BOUND_LIMIT = {False: 120.0, True: 5.0}  # seconds for each point's lower bound (full, quick: a smoke run)
 EXPERIMENTS["peers"] = Experiment(
     "peers", "variant", PEER_VARIANTS, PEER_VARIANTS, "scenario", algorithms=PEER_ALGOS, x_of="variant",
     description="What the placements serving engines make today cost under co-activation: DeepSeek's EPLB, "

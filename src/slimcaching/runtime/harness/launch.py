@@ -32,16 +32,18 @@ from slimcaching.runtime.net import protocol
 from slimcaching.runtime.net.security import ADMIN, Keyring, ephemeral_keyrings, write_keyring_dir
 from slimcaching.runtime.net.transport import TransportError, context
 from slimcaching.runtime.node.server import NodeServer, rss_bytes
+from slimcaching.runtime.node.zygote import ForkedNode, Zygote
 
 
 class NodeProcess:
     """One node as a subprocess (or Ray actor): start, wait for READY, stop."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path):
+    def __init__(self, name: str, argv: list[str], log_path: Path, zygote: Zygote | None = None):
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.zygote = zygote  # forks the node from pre-loaded modules; None: a fresh interpreter
+        self.proc: subprocess.Popen | ForkedNode | None = None
         self.port = 0
         self.rss_at_start = 0
 
@@ -51,12 +53,18 @@ class NodeProcess:
 
     def spawn(self, port: int = 0) -> None:
         argv = list(self.argv) + ["--port", str(port)]
+        if self.zygote is not None:
+            try:
+                self.proc = self.zygote.spawn(argv[3:], self.log_path.with_suffix(".out"), self.log_path)
+                return
+            except OSError:  # the zygote is gone: a fresh interpreter, as without one
+                self.zygote = None
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
     def wait_ready(self, timeout: float) -> None:
-        line = _read_line(self.proc, timeout)
+        line = self.proc.read_line(timeout) if isinstance(self.proc, ForkedNode) else _read_line(self.proc, timeout)
         if not line.startswith("READY "):
             self.stop()
             err = self.log_path.read_text(errors="replace").strip().splitlines()
@@ -96,6 +104,9 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     return box[0].strip() if box else ""
 
 
+# local nodes are forked from one pre-loaded interpreter (runtime/node/zygote.py); 0 in the
+# environment starts each in a fresh one
+FORK_NODES = os.environ.get("SLIMCACHING_FORK_NODES", "1") != "0"
 RAY_START_ATTEMPTS = 2  # a node actor Ray cancelled before it ran is asked for once more
 
 
@@ -273,6 +284,7 @@ class LocalCluster:
         self.names = nodes
         self.reap = reap  # a watchdog stops the nodes and removes workdir if this process is killed
         self.reaper = None
+        self.zygote: Zygote | None = None
         self.progress = progress  # progress(text): each node as it comes up (start-up takes seconds)
         self.workdir = workdir
         self.config = config
@@ -295,11 +307,13 @@ class LocalCluster:
         common = ["--scenario", str(scenario), "--placement", str(placement), "--model", str(model_dir),
                   "--model-name", model_name, "--parent-pid", str(os.getpid())] + config.node_argv()
         self.nodes = {}
+        # one interpreter imports torch and the model's classes, and forks every node from it
+        self.zygote = Zygote(model_dir, workdir / "zygote.log", self.start_timeout) if FORK_NODES else None
         for n in nodes:
             keys = workdir / "keys" / n  # its own secret and every public key, nothing else
             write_keyring_dir(keys, {n: self.keyrings[n]}, public=self.keyrings[n].public_keys)
             self.nodes[n] = NodeProcess(n, [sys.executable, "-m", "slimcaching.runtime.node", n, "--keys", str(keys)]
-                                        + common, workdir / f"node-{n}.log")
+                                        + common, workdir / f"node-{n}.log", self.zygote)
 
     def keyring(self, name: str) -> Keyring:
         """The keyring this run made for ``name`` (a user's device, a node, ``admin``)."""
@@ -391,6 +405,8 @@ class LocalCluster:
                     pass
         for p in self.nodes.values():
             p.stop()
+        if self.zygote is not None:
+            self.zygote.close()
         if self._ray_started:
             import ray  # optional extra (ray)
 
