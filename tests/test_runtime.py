@@ -525,7 +525,10 @@ def test_hf_model_entry_errors(tmp_path, capsys):
     assert "models[0].hf" in capsys.readouterr().err
 
 
-def test_nodes_stop_when_the_launcher_is_killed(model_dirs, tmp_path):
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked-by-the-zygote", "fresh-interpreters"])
+def test_nodes_stop_when_the_launcher_is_killed(model_dirs, tmp_path, fork):
+    """Nodes forked by the zygote (the default) or started in fresh interpreters are all gone once
+    their launcher is killed, the zygote too."""
     import signal
     import subprocess
     import sys
@@ -541,11 +544,16 @@ def test_nodes_stop_when_the_launcher_is_killed(model_dirs, tmp_path):
         f"                 Path({str(tmp_path)!r}))\n"
         "c.__enter__()\n"
         "print(' '.join(str(p.proc.pid) for p in c.nodes.values()), flush=True)\n"
+        "print(c.zygote.proc.pid if c.zygote else '', flush=True)\n"
         "time.sleep(600)\n")
-    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "SLIMCACHING_FORK_NODES": fork})
     try:
         pids = [int(p) for p in launcher.stdout.readline().split()]
         assert len(pids) == 3
+        zygote = [int(p) for p in launcher.stdout.readline().split()]
+        assert len(zygote) == (fork == "1")
+        pids += zygote
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
         deadline = time.time() + 10
