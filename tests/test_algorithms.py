@@ -254,6 +254,24 @@ def test_knapsack_matches_brute_force():
         assert sum(k * wi for k, wi in zip(ks, w)) <= cap
 
 
+def test_compiled_knapsack_step_equals_the_numpy_dp():
+    """The compiled DP step gives the numpy knapsack's value and counts bit for bit, ties
+    included (values on a coarse grid tie often; weights 0 to 3)."""
+    from slimcaching.algorithms.core.kernels import kernels
+
+    fast = kernels()
+    if fast is None:
+        pytest.skip("numba unavailable or disabled")
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        n = int(rng.integers(1, 6))
+        tabs = [np.concatenate([[0.0], np.cumsum(rng.integers(0, 3, size=int(rng.integers(1, 6))) * 0.25)])
+                for _ in range(n)]
+        w = rng.integers(0, 4, size=n)
+        cap = int(rng.integers(0, 25))
+        assert knapsack(tabs, w, cap, fast[4]) == knapsack(tabs, w, cap)
+
+
 @pytest.mark.parametrize("name", ["u-shaped", "u-shaped-partial"])
 def test_split_baselines_ignore_local_caches(name):
     kw = dict(seed=5, servers=2, users=3, experts=4, top_k=2, layers=2, capacity_experts=60)

@@ -323,7 +323,7 @@ class Decomposition:
         v_home = np.ascontiguousarray(p.holder_cost[:, n, m])
         forced = self.force[n, lo : lo + e].copy() if self.force is not None else np.zeros(e, bool)
         forbidden = self.forbid[n, lo : lo + e].copy() if self.forbid is not None else np.zeros(e, bool)
-        candidates, prefix_rows, _, row_form = fast
+        candidates, prefix_rows, _, row_form, _ = fast
         args = (lidx, int(self.g_start[g]), self.home_ptr[g], homes, remote, v_home, forced, forbidden, e)
         used, active = candidates(*args)
         if active == 0:
@@ -457,7 +457,8 @@ class Decomposition:
                                                                     for v in values))
         hit = self.knapsacks.get(key)
         if hit is None:
-            _, ks, cells = knapsack_by_size_class(values, units, cap_units)
+            step = self.kernels[4] if self.kernels is not None else None
+            _, ks, cells = knapsack_by_size_class(values, units, cap_units, step)
             self.knapsacks.put(key, (ks, cells), 8 * len(ks))
         else:
             ks, cells = hit

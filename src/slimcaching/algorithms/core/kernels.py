@@ -20,7 +20,8 @@ _TRIED = False
 
 
 def kernels():
-    """(candidates, prefix_rows, zeta_best, row_form) compiled, or None when numba is unavailable or disabled."""
+    """(candidates, prefix_rows, zeta_best, row_form, knapsack_step) compiled, or None when numba is
+    unavailable or disabled."""
     global _KERNELS, _TRIED
     if os.environ.get("SLIMCACHING_NUMBA", "1").strip() in ("0", "false", "no", "off"):
         return None
@@ -211,7 +212,26 @@ def _compile():
                 arg[pc] = s
         return best, arg
 
-    return candidates, prefix_rows, zeta_best, row_form
+    @numba.njit(cache=True, nogil=True)
+    def knapsack_step(best, tab, w, cap):
+        """One group of :func:`slimcaching.algorithms.core.knapsack.knapsack`'s DP: per capacity c
+        the best of ``best[c - k w] + tab[k]`` (k >= 1 only where it beats the value so far by
+        more than 1e-18), and the k taken: the same adds and comparisons as the numpy loop."""
+        new = best.copy()
+        ch = np.zeros(cap + 1, np.int32)
+        for k in range(1, len(tab)):
+            shift = k * w
+            if shift > cap:
+                break
+            add = tab[k]
+            for c in range(shift, cap + 1):
+                cand = best[c - shift] + add
+                if cand > new[c] + 1e-18:
+                    new[c] = cand
+                    ch[c] = k
+        return new, ch
+
+    return candidates, prefix_rows, zeta_best, row_form, knapsack_step
 
 
 _ROW_GREEDY = None

@@ -27,12 +27,13 @@ def capacity_units(sizes: np.ndarray, capacity: float, max_units: int = 60000) -
     return np.ceil(s / unit - 1e-9).astype(np.int64), int(np.floor(capacity / unit + 1e-9)), False
 
 
-def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[float, list[int]]:
+def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int, step=None) -> tuple[float, list[int]]:
     """max sum_g V_g(k_g) s.t. sum_g k_g w_g <= cap; V_g non-decreasing. Returns (value, k per group).
 
     A DP over (group, capacity) for all groups but the longest table, which is placed last: as
     its table is non-decreasing, its best count for a remaining capacity r is min(kmax, r // w),
-    one vector operation instead of kmax (exact).
+    one vector operation instead of kmax (exact). ``step``: the compiled DP step
+    (:func:`slimcaching.algorithms.core.kernels.kernels`), the same result.
 
     Complexity: O(sum_{g != last} |V_g| * cap)."""
     ng = len(tables)
@@ -44,6 +45,10 @@ def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[f
     choices = []
     for g in order:
         tab, w = tables[g], int(weights[g])
+        if step is not None:
+            best, ch = step(best, np.asarray(tab, np.float64), w, cap)
+            choices.append(ch)
+            continue
         new = best.copy()
         ch = np.zeros(cap + 1, np.int32)
         for k in range(1, len(tab)):
@@ -72,7 +77,7 @@ def knapsack(tables: list[np.ndarray], weights: np.ndarray, cap: int) -> tuple[f
 
 
 def knapsack_by_size_class(tables: list[np.ndarray], units: np.ndarray,
-                           cap_units: int) -> tuple[float, list[int], float]:
+                           cap_units: int, step=None) -> tuple[float, list[int], float]:
     """max sum_g V_g(k_g) s.t. sum_g k_g units_g <= cap_units: equal-size groups merged by max-plus
     convolution (exact), then :func:`knapsack` over the size classes. Returns the value, the count
     per group and the DP cells filled (a work measure). A class of size 0 may take everything."""
@@ -87,7 +92,7 @@ def knapsack_by_size_class(tables: list[np.ndarray], units: np.ndarray,
         merged.append(w)
         allocs.append(alloc)
         class_units.append(u)
-    value, js = knapsack(merged, np.array(class_units), cap_units)
+    value, js = knapsack(merged, np.array(class_units), cap_units, step)
     for ci, members in enumerate(classes.values()):
         j = js[ci]
         if j < len(merged[ci]):
