@@ -35,9 +35,9 @@ COMMANDS = {
     "--help": (["--help"], None, ""),
     "--version": (["--version"], None, ""),
     "solve default": (["solve", "default"], None, ""),
-    "demo": (["demo"], 15.0, "README.md: 'about 12 s in all on 2 cores'"),
-    "experiment drift --quick": (["experiment", "drift", "--quick", "-o", "{tmp}/drift"], 15.0,
-                                 "docs/usage.md: 'about 12 s on two cores'"),
+    "demo": (["demo"], 30.0, "README.md: 'about 25 s in all on 2 cores'"),
+    "experiment drift --quick": (["experiment", "drift", "--quick", "-o", "{tmp}/drift"], 45.0,
+                                 "docs/usage.md: 'about 40 s on two cores'"),
     "profile import counts": (["profile", "import", "counts", "{tmp}/load.csv", "--top-k", "8", "-o",
                                "{tmp}/p{run}.json"], None, ""),
 }
