@@ -226,6 +226,32 @@ def test_every_option_has_help_text():
 
 
 @pytest.mark.timeout(60)
+def test_an_error_numpy_makes_of_a_ctrl_c_is_the_interrupt(monkeypatch, capsys):
+    """numpy turns a KeyboardInterrupt raised inside some of its C loops (structured rows compared
+    in np.unique(axis=0): seen in CI, a Ctrl-C while the default scenario was read) into a
+    TypeError. After a Ctrl-C that error is the interrupt: exit 130, "interrupted", no traceback;
+    without one it is a bug and propagates."""
+    import slimcaching.cli.solve as solve_cli
+    from slimcaching.cli import main
+    from slimcaching.cli.common import CTRL_C
+
+    def masked(*args, **kwargs):
+        CTRL_C["pressed"] = True  # what the Ctrl-C handler records
+        raise TypeError("Cannot compare structured arrays unless they have a common dtype.")
+
+    monkeypatch.setattr(solve_cli, "read_scenario", masked)
+    assert main(["solve", "default"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err and "TypeError" not in err
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(solve_cli, "read_scenario", bug)
+    with pytest.raises(TypeError, match="a bug"):
+        main(["solve", "default"])
+
+
 def test_a_caught_interrupt_in_generated_code_still_exits_130(tmp_path):
     """A Ctrl-C that lands while a string of generated code runs (numba's wrappers, dataclasses'
     methods) and is answered by the CLI must not make ``python -m`` end by SIGINT afterwards:

@@ -44,7 +44,7 @@ from slimcaching.cli import (
     serve,
     solve,
 )
-from slimcaching.cli.common import QUIET, STAGE, acknowledge_ctrl_c, console
+from slimcaching.cli.common import CTRL_C, QUIET, STAGE, acknowledge_ctrl_c, console
 from slimcaching.errors import ScenarioError, SolverBug, missing_extra_line
 from slimcaching.version import package_version
 
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     (any invalid input) -- becomes one line ``error: <field>: <message>`` on stderr and exit 2."""
     argv = _aliases(list(sys.argv[1:] if argv is None else argv))
     previous = signal.getsignal(signal.SIGINT)
+    CTRL_C["pressed"] = False
     acknowledge_ctrl_c()
     try:
         return _main(argv)
@@ -211,10 +212,20 @@ def _main(argv: list[str]) -> int:
         console.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
         return 2
     except OSError as exc:
+        if CTRL_C["pressed"]:  # a call cut short by the interrupt
+            console.print("interrupted")
+            return 130
         where = exc.filename or ""
         console.print(f"[red]error:[/] {escape(str(where) or 'os')}: {escape(exc.strerror or str(exc))}",
                       highlight=False, soft_wrap=True)
         return 2
+    except Exception as exc:
+        # numpy turns a KeyboardInterrupt raised inside some of its C loops (comparing structured
+        # rows in np.unique(axis=0)) into a TypeError: after a Ctrl-C, whatever surfaces is the interrupt
+        if not (CTRL_C["pressed"] or _from_ctrl_c(exc)):
+            raise
+        console.print("interrupted")
+        return 130
     return 0
 
 
