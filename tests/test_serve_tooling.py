@@ -402,7 +402,10 @@ def test_kill_9_leaves_no_node_and_no_keys(tmp_path, model_dir):
             time.sleep(0.05)
         assert not any(_alive(p) for p in children), "a node outlived serve by 2 s"
         assert not list(tmp.iterdir()), f"left on disk: {list(tmp.iterdir())}"
-    finally:
+    finally:  # a failed assertion above must not leave serve (or a node) running
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
         for p in children:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
