@@ -594,3 +594,30 @@ def test_reused_tables_give_the_placement_and_work_of_computing_them_afresh(seed
     assert any(hits), "no table was reused: the test shows nothing"
     assert np.array_equal(got[True][0], got[False][0])
     assert got[True][1:] == got[False][1:]
+
+
+def test_compiled_greedy_gains_equal_the_numpy_gains(monkeypatch):
+    """greedy-k1's compiled gains are the numpy reference's to the bit, one item's as every item's
+    (both add entry by entry, as np.bincount does), and so its placements are the same."""
+    pytest.importorskip("numba")
+    from slimcaching.algorithms import greedy as greedy_mod
+
+    for seed in range(6):
+        problem = _problem(seed=seed, servers=3, users=6, experts=8, top_k=1 + seed % 3, layers=2,
+                           models=1 + seed % 2, capacity_experts=4)
+        compiled = greedy_mod._Greedy(problem, blind=False)
+        assert compiled.kernels is not None
+        x = problem.empty_placement()
+        x[seed % 3, ::3] = True  # other holders: some gains are zero, some rows already fast
+        r = problem.remote_cost(x)
+        monkeypatch.setenv("SLIMCACHING_NUMBA", "0")
+        plain = greedy_mod._Greedy(problem, blind=False)
+        assert plain.kernels is None
+        every = plain.all_gains(r)
+        assert np.array_equal(compiled.all_gains(r), every)
+        for n in range(problem.n_servers):
+            for i in range(problem.n_items):
+                assert compiled.gain(r, n, i) == plain.gain(r, n, i) == every[n, i]
+        numpy_x = solve(problem, "greedy-k1").x
+        monkeypatch.delenv("SLIMCACHING_NUMBA")
+        assert np.array_equal(solve(problem, "greedy-k1").x, numpy_x)

@@ -42,6 +42,7 @@ import itertools
 import numpy as np
 
 from slimcaching.algorithms import Param, register
+from slimcaching.algorithms.core import kernels
 from slimcaching.system.arith import dot
 from slimcaching.system.capacity import ABSOLUTE, RELATIVE, fits
 from slimcaching.system.placement import Placement
@@ -75,6 +76,10 @@ class _Greedy:
         self.e_home = problem.row_home[self.e_row]
         self.e_model = problem.item_model[self.e_item]
         self.e_w = problem.row_weight[self.e_row]
+        # tens of thousands of gains per run, each over a few hundred entries: compiled, one call
+        # costs microseconds where the numpy gathers cost ~150 us (default scenario: 7.8 -> 1 s)
+        self.kernels = kernels.greedy_gain_kernel()
+        self.entry_arrays = (self.e_row, self.e_pos, self.e_home, self.e_model, self.e_w, problem.holder_cost)
 
     def _entry_gains(self, r: np.ndarray, sl: slice | np.ndarray, n: int) -> np.ndarray:
         p = self.p
@@ -94,6 +99,8 @@ class _Greedy:
             if self.blind:
                 v = p.holder_cost[:, n, :][:, p.item_model]  # [H, I]
                 out[n] = (self.home_weight * np.maximum(r[:, :ni] - v, 0.0)).sum(axis=0)
+            elif self.kernels is not None:
+                out[n] = self.kernels[1](self.indptr, *self.entry_arrays, n, r, p.row_items, p.row_local, p.row_access)
             else:
                 g = self._entry_gains(r, slice(None), n)
                 out[n] = np.bincount(self.e_item, weights=g, minlength=ni)
@@ -103,8 +110,14 @@ class _Greedy:
         if self.blind:
             v = self.p.holder_cost[:, n, self.p.item_model[i]]
             return dot(self.home_weight[:, i], np.maximum(r[:, i] - v, 0.0))
-        sl = slice(self.indptr[i], self.indptr[i + 1])
-        return float(self._entry_gains(r, sl, n).sum())
+        lo, hi = self.indptr[i], self.indptr[i + 1]
+        if self.kernels is not None:
+            p = self.p
+            return self.kernels[0](lo, hi, *self.entry_arrays, n, r, p.row_items, p.row_local, p.row_access)
+        # added in entry order, as the kernel and the first gains' bincount add: a gain recomputed
+        # with nothing changed is its first value to the bit
+        g = self._entry_gains(r, slice(lo, hi), n)
+        return float(np.cumsum(g)[-1]) if len(g) else 0.0
 
     def run(self, x0: np.ndarray) -> np.ndarray:
         p = self.p

@@ -234,27 +234,34 @@ def _compile():
     return candidates, prefix_rows, zeta_best, row_form, knapsack_step
 
 
-_ROW_GREEDY = None
-_ROW_GREEDY_TRIED = False
+_MODULE_KERNELS: dict = {}
+
+
+def _row_kernel(name: str):
+    """A kernel of :mod:`slimcaching.algorithms.core.row_kernels` (module level, so numba's
+    on-disk cache keeps it between runs), or None when numba is unavailable or disabled."""
+    if os.environ.get("SLIMCACHING_NUMBA", "1").strip() in ("0", "false", "no", "off"):
+        return None
+    if name not in _MODULE_KERNELS:
+        try:
+            from slimcaching.algorithms.core import row_kernels  # start-up: imports numba (~0.7 s)
+        except ImportError:
+            _MODULE_KERNELS[name] = None
+        else:
+            _MODULE_KERNELS[name] = getattr(row_kernels, name)
+    return _MODULE_KERNELS[name]
 
 
 def row_greedy_kernel():
     """The compiled row greedy (:func:`slimcaching.algorithms.core.values.row_greedy_compiled`),
     or None when numba is unavailable or disabled. Compiled on first use, whatever the problem's
     size: groups kept as rows (top-K > 5 over many experts) are where it pays."""
-    global _ROW_GREEDY, _ROW_GREEDY_TRIED
-    if os.environ.get("SLIMCACHING_NUMBA", "1").strip() in ("0", "false", "no", "off"):
-        return None
-    if not _ROW_GREEDY_TRIED:
-        _ROW_GREEDY_TRIED = True
-        try:
-            _ROW_GREEDY = _compile_row_greedy()
-        except ImportError:
-            _ROW_GREEDY = None
-    return _ROW_GREEDY
+    return _row_kernel("merged_row_greedy")
 
 
-def _compile_row_greedy():
-    from slimcaching.algorithms.core import row_kernels  # start-up: imports numba (~0.7 s)
-
-    return row_kernels.merged_row_greedy
+def greedy_gain_kernel():
+    """The compiled gains for ``greedy-k1``, (one item's, every item's)
+    (:func:`slimcaching.algorithms.core.row_kernels.greedy_entry_gain`, ``greedy_item_gains``),
+    or None."""
+    one = _row_kernel("greedy_entry_gain")
+    return None if one is None else (one, _row_kernel("greedy_item_gains"))

@@ -236,3 +236,44 @@ def merged_row_greedy(spos, coefs, e, kmax, heavy, completions):
     for i in range(heavy.shape[0]):
         mheavy[i] = ids[heavy[i]]
     return row_greedy(mpos, mcoefs, e, kmax, mheavy, completions)
+
+
+
+@numba.njit(cache=True, nogil=True)
+def greedy_entry_gain(lo, hi, e_row, e_pos, e_home, e_model, e_w, holder_cost, n, r, row_items, row_local,
+                      row_access):
+    """The gain of one more copy on server ``n`` of the item whose entries are ``lo..hi`` (the
+    ``greedy-k1`` objective): sum over its entries of weight x (row latency now - with the copy),
+    added entry by entry in order, as ``np.bincount`` adds them in the numpy reference, so that
+    a gain is the same number however it is reached."""
+    k = row_items.shape[1]
+    total = 0.0
+    for t in range(lo, hi):
+        row, h, p = e_row[t], e_home[t], e_pos[t]
+        v = holder_cost[h, n, e_model[t]]
+        worst_old = -np.inf
+        worst_new = -np.inf
+        for j in range(k):
+            rc = r[h, row_items[row, j]]
+            if rc > worst_old:
+                worst_old = rc
+            if j == p and v < rc:
+                rc = v
+            if rc > worst_new:
+                worst_new = rc
+        lo_row, acc = row_local[row], row_access[row]
+        old = max(lo_row, acc + worst_old)
+        new = max(lo_row, acc + worst_new)
+        total += e_w[t] * (old - new)
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def greedy_item_gains(indptr, e_row, e_pos, e_home, e_model, e_w, holder_cost, n, r, row_items, row_local,
+                      row_access):
+    """:func:`greedy_entry_gain` of every item on server ``n`` (entries sorted by item)."""
+    out = np.zeros(indptr.shape[0] - 1)
+    for i in range(out.shape[0]):
+        out[i] = greedy_entry_gain(indptr[i], indptr[i + 1], e_row, e_pos, e_home, e_model, e_w, holder_cost, n,
+                                   r, row_items, row_local, row_access)
+    return out
