@@ -621,3 +621,24 @@ def test_compiled_greedy_gains_equal_the_numpy_gains(monkeypatch):
         numpy_x = solve(problem, "greedy-k1").x
         monkeypatch.delenv("SLIMCACHING_NUMBA")
         assert np.array_equal(solve(problem, "greedy-k1").x, numpy_x)
+
+
+def test_exact_reads_back_slimcachings_placement_as_its_warm_start(monkeypatch):
+    """demo runs slimcaching before exact: exact's warm start is that placement, not a second solve;
+    a slimcaching run with other parameters is not taken for it."""
+    import slimcaching.algorithms.slimcaching as sc_mod
+
+    problem = _problem(seed=1, servers=3, users=6, experts=6, top_k=2, layers=2, models=1, capacity_experts=3)
+    first = solve(problem, "slimcaching")
+    first.x[:] = False  # the kept placement is a copy
+    real = sc_mod.successive_decomposition
+    monkeypatch.setattr(sc_mod, "successive_decomposition", lambda *a, **k: pytest.fail("solved again"))
+    warm = solve(problem, "exact", {"time_limit": 5}).info["warm_start_s"]
+    monkeypatch.setattr(sc_mod, "successive_decomposition", real)
+    assert warm == problem.compact().objective(solve(problem, "slimcaching").x)  # what exact evaluates on
+    other = _problem(seed=1, servers=3, users=6, experts=6, top_k=2, layers=2, models=1, capacity_experts=3)
+    solve(other, "slimcaching", {"passes": 1, "polish": 0})
+    calls = []
+    monkeypatch.setattr(sc_mod, "successive_decomposition", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert solve(other, "exact", {"time_limit": 5}).info["warm_start_s"] == warm
+    assert calls == [1]

@@ -20,7 +20,7 @@ import numpy as np
 
 from slimcaching.algorithms import Param, register
 from slimcaching.algorithms.hybrid import slimcaching_hybrid
-from slimcaching.algorithms.slimcaching import slimcaching
+from slimcaching.algorithms.slimcaching import default_placement
 from slimcaching.system.architectures import mean_latency
 from slimcaching.system.formulation import build_formulation, solve_lp_bound, solve_milp
 from slimcaching.system.formulation_hybrid import build_hybrid_formulation, hybrid_solution
@@ -34,7 +34,8 @@ from slimcaching.system.problem import Problem
 def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_rel_gap: float = 1e-9,
           warm_start: bool = True, hybrid: bool = False) -> Placement:
     """Optimal placement, or the best found within ``time_limit`` seconds with its proven gap.
-    The time limit is HiGHS's; the warm start (a ``slimcaching`` solve) comes on top of it."""
+    The time limit is HiGHS's; the warm start (a ``slimcaching`` solve, read back when this
+    problem was solved by ``slimcaching`` before) comes on top of it."""
 
     if hybrid:
         return _exact_hybrid(problem, time_limit, relax, mip_rel_gap, warm_start)
@@ -51,7 +52,7 @@ def exact(problem: Problem, time_limit: float = 60.0, relax: bool = False, mip_r
         return Placement(problem.empty_placement(), info=info)
     warm_x = warm = None
     if warm_start:
-        warm_x = slimcaching(problem).x
+        warm_x = default_placement(problem)
         warm = f.solution(warm_x)
         info["warm_start_s"] = float(problem.objective(warm_x))
     r = solve_milp(f, time_limit, mip_rel_gap, warm)
