@@ -6,20 +6,18 @@ BIN = $(VENV)/bin
 
 .PHONY: demo test bench runtime-demo readme-table clean
 
-# --no-compile: pip would byte-compile every file it installs (torch alone has thousands; the full
-# install took 3:22 that way, 1:43 without); Python compiles the modules actually imported, once
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.core: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --no-compile -e .
+	$(BIN)/python -m pip install -q -e .
 	touch $@
 
 # torch first, pinned: this machine family has the CPU wheel on disk; a bare "torch" would pull CUDA.
 $(VENV)/.full: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0
-	$(BIN)/python -m pip install -q --no-compile -e '.[test,hf,ray,runtime,serve,eval,docs]'
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,hf,ray,runtime,serve,eval,docs]'
 	touch $(VENV)/.core $@
 
 demo: $(VENV)/.core
