@@ -6,6 +6,8 @@ BIN = $(VENV)/bin
 
 .PHONY: demo test bench runtime-demo readme-table clean
 
+# pip byte-compiles what it installs: keep it (--no-compile halves the install, but where
+# PYTHONDONTWRITEBYTECODE=1, as on these machines, every process then compiles torch again)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
