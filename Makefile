@@ -30,7 +30,7 @@ demo: $(VENV)/.core
 test: $(VENV)/.full
 	@echo "make test: ruff, then the test suite in parallel (about 17 minutes on 2 cores; installs add ~3.5 on a fresh clone)"
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n auto --doctest-modules src/slimcaching tests
+	$(BIN)/python -m pytest -q -n auto --maxschedchunk 1 --doctest-modules src/slimcaching tests
 
 # the README's table is what `make demo` prints: this rewrites it from a fresh run (the test checks it)
 readme-table: $(VENV)/.full

@@ -1,5 +1,10 @@
 """Test-session settings: the slowest tests start first, so that the parallel workers (pytest-xdist)
-finish together instead of one of them running a long test alone at the end."""
+finish together instead of one of them running a long test alone at the end.
+
+This needs ``--maxschedchunk 1`` (``make test`` passes it): xdist then hands the tests out one at a
+time in this order. By default it gives each worker a consecutive block (a quarter of its share) at
+the start, which put every slow test in the first worker's queue (a clean-clone run ended with
+the other worker idle for minutes)."""
 
 from __future__ import annotations
 
