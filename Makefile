@@ -25,10 +25,10 @@ $(VENV)/.full: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core
 	$(BIN)/slimcaching demo
 
-# about 20 minutes on an idle 2-core machine on a fresh clone (the suite 17, installs 3.5; measured
+# about 21 minutes on an idle 2-core machine on a fresh clone (the suite 18, installs 3; measured
 # on a clean clone of main): the suite runs on every core
 test: $(VENV)/.full
-	@echo "make test: ruff, then the test suite in parallel (about 17 minutes on 2 cores; installs add ~3.5 on a fresh clone)"
+	@echo "make test: ruff, then the test suite in parallel (about 18 minutes on 2 cores; installs add ~3 on a fresh clone)"
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q -n auto --maxschedchunk 1 --doctest-modules src/slimcaching tests
 
