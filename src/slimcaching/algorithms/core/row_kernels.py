@@ -238,7 +238,6 @@ def merged_row_greedy(spos, coefs, e, kmax, heavy, completions):
     return row_greedy(mpos, mcoefs, e, kmax, mheavy, completions)
 
 
-
 @numba.njit(cache=True, nogil=True)
 def greedy_entry_gain(lo, hi, e_row, e_pos, e_home, e_model, e_w, holder_cost, n, r, row_items, row_local,
                       row_access):
