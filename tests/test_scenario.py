@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import tiny_scenario_dict
 from slimcaching.errors import ScenarioError
@@ -398,3 +400,65 @@ def test_scenario_new_writes_many_users_as_groups(tmp_path):
     for name in ("lfu", "slimcaching-fast"):
         a, b = grouped.objective(solve(grouped, name).x), listed.objective(solve(listed, name).x)
         assert a == pytest.approx(b, rel=1e-12), name
+
+
+def test_generated_users_draw_what_numpys_choice_draws():
+    """The generator's fast draws are numpy's own: the models a user gets equal
+    ``sorted(rng.choice(n, m, replace=False))`` and leave the generator in the same state (so every
+    seeded scenario stays what it was), for every n <= 8, m <= n."""
+    from slimcaching.inputs.generate import sample_without_replacement
+
+    for seed in range(60):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        for n in range(1, 9):
+            for m in range(1, n + 1):
+                assert sample_without_replacement(b, n, m) == sorted(int(v) for v in a.choice(n, m, replace=False))
+                assert a.integers(0, 1000) == b.integers(0, 1000)
+        assert a.bit_generator.state == b.bit_generator.state
+    big = np.random.default_rng(1)  # past numpy's Floyd range it is numpy's choice itself
+    assert sample_without_replacement(big, 20_000, 3) == sorted(
+        int(v) for v in np.random.default_rng(1).choice(20_000, 3, replace=False))
+
+
+@pytest.mark.parametrize("kw", [{}, {"models_per_user": 1, "tasks": ("a", "b", "c")},
+                                {"models": ("olmoe-1b-7b",), "models_per_user": 1}, {"reach": 2}])
+def test_users_generated_as_groups_equal_the_listed_users_grouped(kw):
+    from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict, group_identical_users
+
+    opts = dict(servers=6, users=1500, seed=3, **kw)
+    listed = group_identical_users(generate_scenario_dict(GeneratorOptions(**opts)))
+    assert generate_scenario_dict(GeneratorOptions(**opts), group_users=True) == listed
+    assert list(generate_scenario_dict(GeneratorOptions(**opts), group_users=True)) == list(listed)
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(), st.text(max_size=30),
+    st.sampled_from(["yes", "null", "1.0", "- a", "a: b", "#x", "~", "", " x", "é", "a'b", 'a"b', "0x1F",
+                     "2025-01-01", "*a", "!t", "a\nb", "50 Mbps", "x" * 90 + " y", "\x07"]))
+_KEYS = st.one_of(st.text(max_size=20), st.integers(0, 100), st.sampled_from(["yes", "1", "a b", "-", "?"]))
+_TREES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(_KEYS, inner, max_size=4)), max_leaves=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_KEYS, _TREES, min_size=1, max_size=5))
+def test_yaml_text_is_pyyamls_to_the_byte(data):
+    """Scenario files are laid out without PyYAML's representer (a metro scenario: ~7 s of
+    ``scenario new``); the text is what ``yaml.dump`` writes, or it is written by yaml.dump."""
+    from slimcaching.inputs.fileio import data_file_text
+
+    assert data_file_text(data, "x.yaml") == yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                                                       sort_keys=False)
+
+
+def test_yaml_text_of_generated_scenarios_and_shared_objects():
+    from slimcaching.inputs.fileio import _NotPlain, _yaml_block
+    from slimcaching.inputs.generate import GeneratorOptions, generate_scenario_dict
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    for opts in (GeneratorOptions(), GeneratorOptions(servers=30, users=1200, reach=3)):
+        data = generate_scenario_dict(opts, group_users=True)
+        assert _yaml_block(data) == yaml.dump(data, Dumper=dumper, sort_keys=False)
+    shared = [1, 2]
+    with pytest.raises(_NotPlain):  # the dumper writes an anchor and an alias
+        _yaml_block({"a": shared, "b": shared})

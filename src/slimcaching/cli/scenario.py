@@ -96,7 +96,6 @@ def scenario_new(
         GROUP_USERS_FROM,
         GeneratorOptions,
         generate_scenario_dict,
-        group_identical_users,
     )
     from slimcaching.inputs.limits import check  # start-up
     from slimcaching.inputs.presets import resolve_preset  # start-up
@@ -135,9 +134,7 @@ def scenario_new(
                             local_cache=local_cache, top_k=top_k, seed=seed, name=output.stem,
                             access_rtt=access_rtt, reach=reach)
     with flags(reach="--reach", top_k="--top-k"):
-        data = generate_scenario_dict(opts)
-    if users >= GROUP_USERS_FROM and reach is None:
-        data = group_identical_users(data)
+        data = generate_scenario_dict(opts, group_users=users >= GROUP_USERS_FROM and reach is None)
     sc = resolve_scenario(data)  # validate before writing anything
     warn_implausible(sc)
     atomic_write(output, data_file_text(data, output, "--output"))

@@ -132,14 +132,103 @@ def to_toml(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the text yaml.dump(data, sort_keys=False) writes, laid out here instead of by PyYAML's Python
+# representer (a metro scenario's 40,000 user groups: ~7 s); every scalar is still written by PyYAML
+_YAML_SCALARS: dict[tuple, str] = {}
+_YAML_WIDTH = 80  # PyYAML's best_width: past it a quoted or spaced scalar may be folded
+_YAML_TYPES = (str, int, float, bool, type(None))
+
+
+def _yaml_scalar(value, key: bool) -> str:
+    """How the dumper writes ``value`` as a mapping key (``key``) or as a value: one line, or ""."""
+    cache_key = (type(value), repr(value) if type(value) is float else value, key)  # -0.0 == 0.0
+    text = _YAML_SCALARS.get(cache_key)
+    if text is None:
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        if key:
+            out = yaml.dump({value: 0}, Dumper=dumper, width=1 << 30)
+            text = out[: -len(": 0\n")] if out.endswith(": 0\n") and out.count("\n") == 1 else ""
+        else:
+            out = yaml.dump({"k": value}, Dumper=dumper, width=1 << 30)
+            text = out[len("k: "): -1] if out.startswith("k: ") and out.count("\n") == 1 else ""
+        if len(_YAML_SCALARS) < 100_000:
+            _YAML_SCALARS[cache_key] = text
+    return text
+
+
+class _NotPlain(Exception):
+    """The document holds something :func:`_yaml_block` does not reproduce exactly."""
+
+
+def _yaml_block(data: dict) -> str:
+    """``data`` exactly as ``yaml.dump(data, sort_keys=False)`` writes it (block style, sequences
+    in mappings not indented); raises :class:`_NotPlain` for anything it would not reproduce to the
+    byte: other types, a shared dict or list (an alias), a multi-line or foldable scalar, a long key."""
+    out: list[str] = []
+    seen: set[int] = set()
+
+    def scalar(value, key: bool, column: int) -> str:
+        if type(value) not in _YAML_TYPES:
+            raise _NotPlain
+        text = _yaml_scalar(value, key)
+        if not text or (key and len(text) > 120) or \
+                ((" " in text or text[0] == '"') and column + len(text) > _YAML_WIDTH):
+            raise _NotPlain
+        return text
+
+    def nested(value) -> bool:  # a non-empty dict or list
+        if type(value) not in (dict, list):
+            return False
+        if id(value) in seen:  # the dumper would write an anchor and an alias
+            raise _NotPlain
+        seen.add(id(value))
+        return bool(value)
+
+    def inline(value, column: int) -> str:  # an empty container or a scalar, after "key: " or "- "
+        if type(value) is dict:
+            return "{}"
+        if type(value) is list:
+            return "[]"
+        return scalar(value, False, column)
+
+    def mapping(d: dict, indent: int, first_inline: bool) -> None:
+        for n, (k, v) in enumerate(d.items()):
+            key = scalar(k, True, indent)
+            head = ("" if n == 0 and first_inline else " " * indent) + key + ":"
+            if not nested(v):
+                out.append(f"{head} {inline(v, indent + len(key) + 2)}\n")
+            elif type(v) is dict:
+                out.append(head + "\n")
+                mapping(v, indent + 2, False)
+            else:  # a sequence in a mapping starts at the mapping's own indent
+                out.append(head + "\n")
+                sequence(v, indent, False)
+
+    def sequence(items: list, indent: int, first_inline: bool) -> None:
+        for n, v in enumerate(items):
+            head = ("" if n == 0 and first_inline else " " * indent) + "- "
+            if not nested(v):
+                out.append(f"{head}{inline(v, indent + 2)}\n")
+            else:
+                out.append(head)
+                (mapping if type(v) is dict else sequence)(v, indent + 2, True)
+
+    if type(data) is not dict or not nested(data):
+        raise _NotPlain
+    mapping(data, 0, False)
+    return "".join(out)
+
+
 def data_file_text(data: dict, path: str | Path, field: str = "output") -> str:
     """``data`` as the text of a YAML, JSON or TOML file, chosen by ``path``'s suffix."""
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
         return json.dumps(data, indent=1, allow_nan=False) + "\n"
     if suffix in (".yaml", ".yml"):
-        # libyaml's emitter when the wheel has it: the same text, ~4x faster (45 MB of users took 60 s)
-        return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+        try:
+            return _yaml_block(data)
+        except _NotPlain:  # libyaml's emitter when the wheel has it: the same text, ~4x faster
+            return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
     if suffix == ".toml":
         return to_toml(data)
     raise ScenarioError(field, "scenario files end in .yaml, .yml, .json or .toml", str(path))
