@@ -11,6 +11,7 @@ Run: python benchmarks/bench_scale.py [--sizes 5x50,50x5000] [--algos slimcachin
          (top-2 of 8, top-4 of 16, top-8 of 64, top-8 of 128, top-8 of 256, top-4 of 128), one model
          per user, with the fitted exponent of solve time per MoE layer in E over the top-8 ones
      python benchmarks/bench_scale.py --cli       # the whole `slimcaching solve` call, default scenario
+     python benchmarks/bench_scale.py --metro new|solve   # 500 x 100,000: `scenario new` (and slimcaching-fast)
      python benchmarks/bench_scale.py --populations 20000,2000   # 12 counts-only populations (memory)
      python benchmarks/bench_scale.py --populations 20000 --draws auto   # the same, solved on fewer draws
      python benchmarks/bench_scale.py --routing measured --models olmoe-1b-7b --models-per-user 1
@@ -220,6 +221,30 @@ def cli_time(repeats: int = 3) -> dict:
     return {"cli_solve_default_s": float(np.median(out)), "all_s": out}
 
 
+def metro_time(solve: bool) -> dict:
+    """The metro case through the CLI: ``scenario new --servers 500 --users 100000`` (wall, peak RSS)
+    and, with ``solve``, ``solve -a slimcaching-fast`` on the file it wrote (minutes)."""
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    cli = str(Path(sys.executable).parent / "slimcaching")
+    out = {}
+    metro = str(d / "metro.yaml")
+    steps = [("scenario_new", ["scenario", "new", "--servers", "500", "--users", "100000", "-o", metro])]
+    if solve:
+        steps.append(("solve_fast", ["solve", metro, "-a", "slimcaching-fast", "-o", str(d / "p.json")]))
+    for key, argv in steps:
+        t0 = time.perf_counter()
+        res = subprocess.run(["/usr/bin/time", "-f", "%M", cli, *argv], check=True, capture_output=True, text=True)
+        out[f"{key}_s"] = time.perf_counter() - t0
+        out[f"{key}_peak_mb"] = int(res.stderr.strip().splitlines()[-1]) / 1024
+        print(f"metro {key}: {out[f'{key}_s']:.1f} s, peak {out[f'{key}_peak_mb']:.0f} MB", flush=True)
+    if solve:
+        out["latency_ms"] = json.loads((d / "p.json").read_text())["mean_token_latency_s"] * 1e3
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="5x50,5x500,5x2000,5x5000,10x1000,20x2000,50x5000")
@@ -232,6 +257,8 @@ def main() -> None:
                     help="synthetic profiles, or routing measured by `slimcaching profile` (see measured_profile)")
     ap.add_argument("--one", nargs=5, metavar=("SIZE", "ALGO", "MODELS", "PER_USER", "ROUTING"), help=argparse.SUPPRESS)
     ap.add_argument("--cli", action="store_true")
+    ap.add_argument("--metro", choices=("new", "solve"), help="the metro case (500 x 100,000) through the CLI: "
+                    "scenario new, or scenario new and slimcaching-fast")
     ap.add_argument("--populations", metavar="TOKENS", help="the populations case (12 counts-only populations of "
                     "Qwen3-30B-A3B, 10 x 120) at these comma-separated draws per layer, e.g. 20000,2000")
     ap.add_argument("--draws", default="all", help="the populations case: solve --draws (all, N or auto)")
@@ -252,6 +279,9 @@ def main() -> None:
         return
     if args.cli:
         print(json.dumps(cli_time()))
+        return
+    if args.metro:
+        print(json.dumps(metro_time(args.metro == "solve")))
         return
     rows = []
     model_sets = [(m, 1) for m in SHAPES] if args.shapes else [(args.models or "-", args.models_per_user)]
