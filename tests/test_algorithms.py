@@ -642,3 +642,33 @@ def test_exact_reads_back_slimcachings_placement_as_its_warm_start(monkeypatch):
     monkeypatch.setattr(sc_mod, "successive_decomposition", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert solve(other, "exact", {"time_limit": 5}).info["warm_start_s"] == warm
     assert calls == [1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_holders_carried_over_cache_changes_equal_a_recomputation(seed):
+    """The per-(home, expert) best holder, its server and the second best are carried over each
+    set_cache (copies added and removed, ties between equally near servers included) and equal,
+    array for array, what _holders computes afresh from the placement."""
+    from slimcaching.algorithms.core.decomposition import Decomposition
+
+    problem = _problem(seed=seed, servers=4 + seed % 3, users=10, experts=6, top_k=1 + seed % 3, layers=2,
+                       models=1 + seed % 2, capacity_experts=4, local_experts=0, reach=1 + seed % 2)
+    rng = np.random.default_rng(seed)
+    dec = Decomposition(problem, rng.random((problem.n_servers, problem.n_items)) < 0.3)
+    if seed % 2:  # ties: every server as near as every other from each home
+        dec.problem.holder_cost[:] = dec.problem.holder_cost.min(axis=1, keepdims=True)
+    groups = range(len(dec.g_start))
+    for step in range(40):
+        for g in groups:
+            dec._holders(g)  # current, so that the next change is carried
+        n = int(rng.integers(problem.n_servers))
+        cache = dec.x[n].copy()
+        flip = rng.random(problem.n_items) < 0.25
+        cache[flip] = ~cache[flip]
+        dec.set_cache(n, cache)
+        carried = {g: dec._best[g] for g in groups if dec._best.get(g, (None,))[0] == dec.version[g]}
+        assert carried or not flip.any()
+        dec._best.clear()
+        for g, (_, *arrays) in carried.items():
+            for got, fresh in zip(arrays, dec._holders(g)):
+                assert np.array_equal(got, fresh)
