@@ -658,7 +658,7 @@ def test_holders_carried_over_cache_changes_equal_a_recomputation(seed):
     if seed % 2:  # ties: every server as near as every other from each home
         dec.problem.holder_cost[:] = dec.problem.holder_cost.min(axis=1, keepdims=True)
     groups = range(len(dec.g_start))
-    for step in range(40):
+    for _ in range(40):
         for g in groups:
             dec._holders(g)  # current, so that the next change is carried
         n = int(rng.integers(problem.n_servers))
