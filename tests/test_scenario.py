@@ -462,3 +462,30 @@ def test_yaml_text_of_generated_scenarios_and_shared_objects():
     shared = [1, 2]
     with pytest.raises(_NotPlain):  # the dumper writes an anchor and an alias
         _yaml_block({"a": shared, "b": shared})
+
+
+def test_simulated_router_logits_are_summed_in_a_fixed_order():
+    """The low-rank token factor is added rank by rank in numpy's elementwise arithmetic (what
+    this test redoes element by element), never by BLAS, whose kernels round differently, so the
+    top-K sets drawn from the logits are the same on every machine."""
+    from slimcaching.inputs.profiles import RouterSimulator, stable_hash
+
+    sim = RouterSimulator(12, 3, 2, seed=5, model_key="m", rank=3)
+    got = sim.logits("t", 40)
+    mk, tk = stable_hash("m"), stable_hash("t")
+    rng_tok = np.random.default_rng([5, mk, tk, 7])
+    for layer in range(2):
+        rng_m = np.random.default_rng([5, mk, layer])
+        base = rng_m.standard_normal(12)
+        emb = rng_m.standard_normal((12, 3)) / np.sqrt(3)
+        rng_t = np.random.default_rng([5, mk, tk, layer])
+        task_bias, task_mean = rng_t.standard_normal(12), rng_t.standard_normal(3)
+        bias = sim.skew * (np.sqrt(sim.shared) * base + np.sqrt(1 - sim.shared) * task_bias)
+        h = sim.coupling * (task_mean + rng_tok.standard_normal((40, 3)))
+        eps = rng_tok.standard_normal((40, 12))
+        for t in range(40):
+            for e in range(12):
+                factor = float(h[t, 0]) * float(emb[e, 0])
+                for r in (1, 2):
+                    factor += float(h[t, r]) * float(emb[e, r])
+                assert got[t, layer, e] == float(bias[e]) + factor + sim.noise * float(eps[t, e])

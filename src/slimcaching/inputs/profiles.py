@@ -483,9 +483,14 @@ class RouterSimulator:
             task_bias = rng_t.standard_normal(self.experts)
             task_mean = rng_t.standard_normal(self.rank)
             bias = self.skew * (np.sqrt(self.shared) * base + np.sqrt(1 - self.shared) * task_bias)
-            h = task_mean + rng_tok.standard_normal((tokens, self.rank))
+            h = self.coupling * (task_mean + rng_tok.standard_normal((tokens, self.rank)))
             eps = rng_tok.standard_normal((tokens, self.experts))
-            out[:, layer, :] = bias + self.coupling * h @ emb.T + self.noise * eps
+            # h @ emb.T summed rank by rank, not by BLAS: its kernels round differently (with or
+            # without fused multiply-add), and the top-K below must not depend on the machine
+            factor = h[:, :1] * emb[:, 0]
+            for r in range(1, self.rank):
+                factor += h[:, r : r + 1] * emb[:, r]
+            out[:, layer, :] = bias + factor + self.noise * eps
         return out
 
     def trace(self, task: str, tokens: int, token_seed: int | None = None) -> np.ndarray:
