@@ -201,8 +201,9 @@ def generate_scenario_dict(opts: GeneratorOptions | None = None, group_users: bo
                            **{f: v for f, v in user.items() if f not in ("name", "home")}}
             continue
         if geometric is not None:
-            home, *reach = geometric[k]
-            user.update(home=home["server"], uplink_bps=home["uplink_bps"], downlink_bps=home["downlink_bps"])
+            nearest, *reach = geometric[k]  # the user's home is its nearest server
+            user.update(home=nearest["server"], uplink_bps=nearest["uplink_bps"],
+                        downlink_bps=nearest["downlink_bps"])
             if reach:
                 user["reach"] = reach
         users.append(user)
