@@ -220,6 +220,19 @@ def test_coverage_upper_bound_is_above_the_best_coverage(seed, hub):
         assert np.allclose(bound, best, rtol=1e-12, atol=1e-12)
 
 
+def _random_priced_table(rng, experts: tuple[int, int], max_width: int, max_rows: int, gainless: float = 0.1):
+    """A random coverage table: e experts, rows of up to ``max_width`` of them (some positions
+    absent), gains (a share ``gainless`` of rows without), prices (some zero)."""
+    e, width = int(rng.integers(*experts)), int(rng.integers(1, max_width + 1))
+    rows = int(rng.integers(1, max_rows + 1))
+    width = min(width, e)
+    sets = np.array([np.sort(rng.choice(e, size=width, replace=False)) for _ in range(rows)])
+    valid = rng.random((rows, width)) < 0.85
+    gain = rng.random(rows) * (rng.random(rows) >= gainless) * valid.any(axis=1)
+    price = rng.random(e) * rng.choice([0.0, 0.1, 1.0]) * (rng.random(e) < 0.7)
+    return e, sets, valid, gain, price
+
+
 def _brute_priced(sets, valid, gain, price, kmax):
     e = len(price)
     best = np.zeros(kmax + 1)
@@ -242,12 +255,7 @@ def test_priced_table_is_above_the_best_priced_coverage(seed, hub, tilt):
     from slimcaching.bounds.levels import LevelGroup
 
     rng = np.random.default_rng(seed)
-    e, k_width, rows = int(rng.integers(3, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 20))
-    k_width = min(k_width, e)
-    sets = np.array([np.sort(rng.choice(e, size=k_width, replace=False)) for _ in range(rows)])
-    valid = rng.random((rows, k_width)) < 0.85
-    gain = rng.random(rows) * (rng.random(rows) < 0.9) * valid.any(axis=1)
-    price = rng.random(e) * rng.choice([0.0, 0.1, 1.0]) * (rng.random(e) < 0.7)
+    e, sets, valid, gain, price = _random_priced_table(rng, (3, 9), 4, 19)
     grp = LevelGroup(0, e, 1.0, np.where(valid, sets, e), valid, gain)
     kmax = int(rng.integers(0, e + 1))
     table = coupled._priced_table(grp, kmax, exact_experts=hub, hub_experts=hub, split_tilt=tilt)
@@ -260,6 +268,65 @@ def test_priced_table_is_above_the_best_priced_coverage(seed, hub, tilt):
         assert len(y) <= k and len(set(y.tolist())) == len(y) and np.all((y >= 0) & (y < e))
     exact = coupled._priced_table(grp, kmax, exact_experts=e, hub_experts=e)
     assert np.allclose(exact.evaluate(price)[0], truth, atol=1e-9)  # every expert in the hub: exact
+
+
+def _table_lp(sets, valid, gain, price, k):
+    """max g.z - p.y  s.t.  z_r <= y_e (e in row r), sum y <= k, 0 <= y, z <= 1 (HiGHS)."""
+    from scipy.optimize import linprog
+
+    e, rows = len(price), len(gain)
+    a, b = [], []
+    for r, e_ in zip(*np.nonzero(valid)):
+        line = np.zeros(e + rows)
+        line[e + r], line[sets[r, e_]] = 1.0, -1.0
+        a.append(line)
+        b.append(0.0)
+    a.append(np.r_[np.ones(e), np.zeros(rows)])
+    b.append(k)
+    res = linprog(np.r_[price, -gain], A_ub=np.array(a), b_ub=b, bounds=(0, 1), method="highs")
+    return -res.fun
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_closure_gives_the_tables_lp_value_and_lines_above_it(seed):
+    """A table's value by minimum cuts: at or above the best priced coverage (brute force) at
+    every count, for every line it reports; equal to the table's LP (HiGHS) at the count asked
+    for, from any starting lambda (within the tolerance, when one is given); its maximiser counts
+    at most k experts."""
+    from slimcaching.bounds.closure import PricedClosure
+
+    rng = np.random.default_rng(seed)
+    e, sets, valid, gain, price = _random_priced_table(rng, (2, 8), 4, 24)
+    k = int(rng.integers(1, e + 1))
+    truth = _brute_priced(sets, valid, gain, price, e)
+    closure = PricedClosure(sets, valid, gain, e)
+    bound, lines, chosen, lam = closure.at_count(price, k, float(rng.choice([0.0, rng.random(), 5.0])))
+    scale = max(gain.sum(), 1e-12)
+    for v, at in lines:
+        assert np.all(v + at * np.arange(e + 1) >= truth - 1e-12)
+    assert bound >= truth[k] - 1e-12
+    lp = _table_lp(sets, valid, gain, price, k)
+    assert bound == pytest.approx(lp, abs=1e-6 * scale)
+    near, *_ = closure.at_count(price, k, 0.0, tolerance=0.05)  # stopped early: valid, within 5% of the LP
+    assert truth[k] - 1e-12 <= near <= lp / (1 - 0.05) + 1e-6 * scale
+    assert chosen.shape == (e,) and np.all((chosen >= 0) & (chosen <= 1)) and chosen.sum() <= k + 1e-9
+    assert lam >= 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_table_moved_to_new_prices_stays_above_it(seed):
+    """The coupled bound carries a step's LP-lowered tables to the next prices: the moved table is
+    at or above the best priced coverage at the new prices (brute force)."""
+    from slimcaching.bounds.coupled import moved_table
+
+    rng = np.random.default_rng(seed)
+    e, sets, valid, gain, _ = _random_priced_table(rng, (2, 7), 3, 14, gainless=0.0)
+    before, after = rng.random(e) * (rng.random(e) < 0.7), rng.random(e) * (rng.random(e) < 0.7)
+    then = _brute_priced(sets, valid, gain, before, e)
+    now = _brute_priced(sets, valid, gain, after, e)
+    assert np.all(moved_table(then, before, after) >= now - 1e-12)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -285,6 +352,13 @@ def test_coupled_bound_never_exceeds_the_optimum(seed, monkeypatch):
     monkeypatch.setattr(coupled, "HUB_EXPERTS", 1)
     weak = coupled.coupled_levels_bound(problem, opt, 5.0)
     assert weak["lower_bound_s"] <= opt * (1 + 1e-12)
+    # no target to stop at: the steps with the tables' LP values (minimum cuts) follow
+    steps = []
+    refined = coupled.coupled_levels_bound(problem, None, 0.5, progress=lambda b, i, *how: steps.append((b, how)))
+    assert all(b <= opt * (1 + 1e-12) for b, _ in steps if b is not None)
+    assert refined["lower_bound_s"] <= opt * (1 + 1e-12)
+    if any(b is not None and how for b, how in steps):
+        assert refined["refined_steps"] > 0
 
 
 @settings(max_examples=30, deadline=None)

@@ -208,7 +208,8 @@ def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incum
 
     Stages, all within ``time_limit`` seconds: the unlimited-storage bound (instant); the capacity
     levels priced against the servers' contents (:func:`slimcaching.bounds.coupled.coupled_levels_bound`,
-    whose first step is the capacity-levels bound); the LP relaxation when its predicted time and
+    whose first step is the capacity-levels bound and whose later steps value the coverage tables
+    at their LP values by minimum cuts); the LP relaxation when its predicted time and
     memory (:func:`lp_size`) fit in what is left, else skipped with the reason in ``skipped``; then,
     given ``warm`` (the placement, [N, I] bool) and time for :data:`MILP_ROOTS` root LPs, HiGHS's
     branch and bound warm-started with it, whose proven dual bound counts as one more bound.
@@ -251,12 +252,12 @@ def lower_bound(problem: Problem, time_limit: float = 60.0, progress=None, incum
     stage = "capacity levels priced against the servers' contents"
     say(stage, best())
 
-    def improved(bound: float | None, iteration: int) -> None:
+    def improved(bound: float | None, iteration: int, how: str | None = None) -> None:
         if bound is None:  # still building the tables
             say(f"{stage} (tables of {-iteration} levels built)", best())
             return
         found[COUPLED] = max(found.get(COUPLED, -np.inf), bound)
-        say(f"{stage} (step {iteration})", best())
+        say(f"{stage} (step {iteration}{', ' + how if how else ''})", best())
 
     cb = coupled_levels_bound(p, incumbent, max(share, 0.05), progress=improved)
     if cb["start_s"] is not None:
