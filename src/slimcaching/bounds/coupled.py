@@ -58,8 +58,9 @@ REFINE_AFTER = 0.5
 REFINE_TOLERANCE = 1e-3  # a table's LP search stops this near (relative) to its LP value
 REFINED_THETA = 0.25
 # one step in this many cuts; the others lower the tables only by the last cuts moved to their
-# prices (OLMoE 5 x 50, 60 s, side by side: every step 4.93%, one in 4 4.55%, one in 16 4.61%)
-CUT_EVERY = 4  # their first step size (Polyak's factor): measured on OLMoE 5 x 50
+# prices (OLMoE 5 x 50, runs side by side: 60 s, one in 4 4.15%, one in 16 3.78%; 120 s, one in 4
+# 3.51%, one in 8 3.16%, one in 16 2.95%; with two servers in reach, 60 s, 5.52% and 5.56%)
+CUT_EVERY = 16  # their first step size (Polyak's factor): measured on OLMoE 5 x 50
 REFINED = "tables by their LP values (minimum cuts)"
 
 _MASKS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
