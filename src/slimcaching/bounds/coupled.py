@@ -56,11 +56,11 @@ HUB_EXPERTS = 14  # otherwise this many experts (of largest charge) are valued e
 # (OLMoE 5 x 50 at 60 s: 4.68% at 0.4, 4.75% at 0.5; with two servers in reach 5.95% and 5.66%)
 REFINE_AFTER = 0.5
 REFINE_TOLERANCE = 1e-3  # a table's LP search stops this near (relative) to its LP value
-REFINED_THETA = 0.25
+REFINED_THETA = 0.25  # their first step size (Polyak's factor): measured on OLMoE 5 x 50
 # one step in this many cuts; the others lower the tables only by the last cuts moved to their
 # prices (OLMoE 5 x 50, runs side by side: 60 s, one in 4 4.15%, one in 16 3.78%; 120 s, one in 4
 # 3.51%, one in 8 3.16%, one in 16 2.95%; with two servers in reach, 60 s, 5.52% and 5.56%)
-CUT_EVERY = 16  # their first step size (Polyak's factor): measured on OLMoE 5 x 50
+CUT_EVERY = 16
 REFINED = "tables by their LP values (minimum cuts)"
 
 _MASKS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -249,8 +249,8 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
     (:class:`slimcaching.bounds.closure.PricedClosure`), the knapsack run again until its choices
     stay on such values; one step in :data:`CUT_EVERY` cuts, the others use the tables last cut,
     moved to their prices (:func:`moved_table`). Both phases only over-estimate the priced terms,
-    so every step's bound is valid. OLMoE 5 x 50: 5.50% -> 5.10% at the first phase's best prices alone; the steps then
-    move the prices further.
+    so every step's bound is valid. OLMoE 5 x 50: 5.50% -> 5.10% at the first phase's best prices
+    alone; the steps then move the prices further.
 
     Returns ``{"lower_bound_s", "iterations", "refined_steps", "seconds", "start_s"}``
     (``start_s``: the bound at zero prices, the capacity-levels bound with these tables;
@@ -301,10 +301,8 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
 
     closures: dict[tuple[int, int], PricedClosure] = {}
     start_lam: dict[tuple, float] = {}  # where the last search ended, per table and per (table, count)
-    # (table values, prices) after a step's cuts: at other prices p' still above the table plus the
-    # k largest rises p - p' (a set of k experts costs at most that much less)
+    # (table values, prices) after a step's cuts, valid at other prices once moved (moved_table)
     carried: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
     lp_sets: dict[tuple[int, int, int], np.ndarray] = {}  # the LP maximiser last cut per (table, count)
 
     def refine(li: int, lt: _LevelTables, values: list, prices: list, deadline: float, cut: bool = True):
@@ -319,10 +317,10 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
                 values[ti] = np.minimum(values[ti], moved_table(*carried[li, ti], prices[ti]))
         while True:
             val, ks, _ = knapsack_by_size_class(values, lt.units, lt.cap_units)
-            new = [(ti, int(k)) for ti, k in enumerate(ks)
-                   if k > 0 and len(lt.tables[ti].outer) and (ti, int(k)) not in sets]
             if not cut:
                 return val, [lp_sets.get((li, ti, int(k))) for ti, k in enumerate(ks)], ks
+            new = [(ti, int(k)) for ti, k in enumerate(ks)
+                   if k > 0 and len(lt.tables[ti].outer) and (ti, int(k)) not in sets]
             if not new or time.perf_counter() > deadline:
                 for ti, _ in sets:
                     carried[li, ti] = (values[ti], prices[ti].copy())
@@ -376,7 +374,7 @@ def coupled_levels_bound(problem: Problem, incumbent: float | None = None, time_
     target = (lv.base - incumbent) if incumbent is not None else None
     loose = any(len(t.outer) for lt in levels for t in lt.tables)
     # the charge tables' steps first, then (tables beyond the hub exist) the same steps with
-    # their LP values, ~100x costlier per step: from convergence or REFINE_AFTER of the budget
+    # their LP values, ~40x costlier per cutting step: from convergence or REFINE_AFTER of the budget
     phases = [(False, t0 + (REFINE_AFTER * time_limit if loose else time_limit))]
     if loose:
         phases.append((True, t0 + time_limit))
